@@ -1,0 +1,53 @@
+// pagedllm/block_table.h — one sequence's map from logical blocks to physical blocks.
+//
+// Logical block i of a sequence holds its tokens [i * block_size, (i + 1) * block_size).
+// The table only grows at the end (append_block); the one exception is copy-on-write, which
+// swaps the physical id of the block being written (replace_block). It knows nothing of
+// refcounts: the KVCacheManager keeps those in the BlockAllocator.
+// Thread-safety: none; owned by one KVCacheManager.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "pagedllm/types.h"
+
+namespace pagedllm {
+
+class BlockTable {
+ public:
+  // An empty table for blocks of `block_size` tokens (block_size >= 1).
+  explicit BlockTable(int32_t block_size);
+
+  // Appends a physical block at the end of the table.
+  void append_block(BlockId id) { blocks_.push_back(id); }
+  // Replaces the physical block at logical index `index` (copy-on-write). Throws if out of range.
+  void replace_block(int32_t index, BlockId id);
+  // Removes every block (the caller has already dropped their references).
+  void clear() { blocks_.clear(); }
+
+  // Slot of the token at `position`: block_id * block_size + position % block_size.
+  // Throws IndexError when position is negative or beyond the blocks held.
+  Slot slot(int64_t position) const;
+  // Physical block at logical index `index`; throws when out of range.
+  BlockId block(int32_t index) const;
+  // Number of blocks held.
+  int32_t num_blocks() const { return static_cast<int32_t>(blocks_.size()); }
+  // Number of token slots the table can address (num_blocks * block_size).
+  int64_t capacity_tokens() const { return int64_t{num_blocks()} * block_size_; }
+  // Tokens per block.
+  int32_t block_size() const { return block_size_; }
+  // All physical ids in logical order.
+  const std::vector<BlockId>& blocks() const { return blocks_; }
+
+ private:
+  int32_t block_size_;
+  std::vector<BlockId> blocks_;
+};
+
+// Number of blocks needed to hold `num_tokens` tokens (ceil division).
+inline int32_t blocks_for_tokens(int64_t num_tokens, int32_t block_size) {
+  return static_cast<int32_t>((num_tokens + block_size - 1) / block_size);
+}
+
+}  // namespace pagedllm

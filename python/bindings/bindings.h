@@ -1,0 +1,13 @@
+// Shared declarations of the pagedllm._core binding units.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace pagedllm::python {
+
+// Each registers one family of classes / functions on the module.
+void bind_build_info(pybind11::module_& m);
+void bind_core(pybind11::module_& m);
+void bind_kernels(pybind11::module_& m);  // bind_kernels.cpp, when the CPU kernels are built
+
+}  // namespace pagedllm::python
