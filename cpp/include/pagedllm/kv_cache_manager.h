@@ -106,6 +106,8 @@ class KVCacheManager {
   // Writes the block tables of `seqs` as rows of `width` ids into out[num_seqs * width],
   // padding with 0. Throws if a table is wider than `width`.
   void export_block_tables(const SeqId* seqs, int32_t num_seqs, int32_t width, int32_t* out) const;
+  // Refcount of block `b` (number of block tables holding it).
+  int32_t refcount(BlockId b) const { return allocator_.refcount(b); }
   // Blocks that allocation may take now: free plus parked (evictable).
   int32_t num_available_blocks() const { return allocator_.num_free() + cache_.num_parked(); }
   // Current figures.

@@ -1,0 +1,42 @@
+#include <gtest/gtest.h>
+
+#include "pagedllm/block_table.h"
+#include "pagedllm/error.h"
+
+namespace pagedllm {
+namespace {
+
+TEST(BlockTable, MapsPositionsToSlots) {
+  BlockTable t(4);
+  t.append_block(9);
+  t.append_block(2);
+  EXPECT_EQ(t.num_blocks(), 2);
+  EXPECT_EQ(t.capacity_tokens(), 8);
+  EXPECT_EQ(t.slot(0), 36);
+  EXPECT_EQ(t.slot(3), 39);
+  EXPECT_EQ(t.slot(4), 8);
+  EXPECT_EQ(t.slot(7), 11);
+  EXPECT_THROW(t.slot(8), Error);
+  EXPECT_THROW(t.slot(-1), Error);
+}
+
+TEST(BlockTable, ReplaceBlockForCopyOnWrite) {
+  BlockTable t(16);
+  t.append_block(1);
+  t.append_block(5);
+  t.replace_block(1, 6);
+  EXPECT_EQ(t.blocks(), (std::vector<BlockId>{1, 6}));
+  EXPECT_THROW(t.replace_block(2, 0), Error);
+  EXPECT_THROW(t.block(2), Error);
+}
+
+TEST(BlockTable, BlocksForTokens) {
+  EXPECT_EQ(blocks_for_tokens(0, 16), 0);
+  EXPECT_EQ(blocks_for_tokens(1, 16), 1);
+  EXPECT_EQ(blocks_for_tokens(16, 16), 1);
+  EXPECT_EQ(blocks_for_tokens(17, 16), 2);
+  EXPECT_THROW(BlockTable(0), Error);
+}
+
+}  // namespace
+}  // namespace pagedllm

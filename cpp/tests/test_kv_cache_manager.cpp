@@ -1,0 +1,211 @@
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "pagedllm/error.h"
+#include "pagedllm/kv_cache_manager.h"
+
+namespace pagedllm {
+namespace {
+
+std::vector<TokenId> iota_tokens(int32_t n, TokenId start = 1) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  std::iota(t.begin(), t.end(), start);
+  return t;
+}
+
+// Admits `seq` with `prompt` and appends the uncached part; returns the slots.
+std::vector<Slot> admit(KVCacheManager& m, SeqId seq, const std::vector<TokenId>& prompt,
+                        uint64_t extra = 0) {
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  const int32_t cached = m.allocate(seq, prompt.data(), n, extra);
+  std::vector<Slot> slots(static_cast<size_t>(n - cached));
+  std::vector<CowPair> cow;
+  EXPECT_TRUE(m.append(seq, prompt.data() + cached, n - cached, slots.data(), cow));
+  EXPECT_TRUE(cow.empty());
+  return slots;
+}
+
+TEST(KVCacheManager, AllocateAndAppendGiveExactSlots) {
+  KVCacheManager m(8, 4);
+  const auto slots = admit(m, 1, iota_tokens(6));
+  EXPECT_EQ(slots, (std::vector<Slot>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(m.num_tokens(1), 6);
+  EXPECT_EQ(m.block_table(1).blocks(), (std::vector<BlockId>{0, 1}));
+  const auto st = m.stats();
+  EXPECT_EQ(st.used_blocks, 2);
+  EXPECT_EQ(st.tokens_stored, 6);
+  EXPECT_EQ(st.slots_reserved, 8);
+  EXPECT_EQ(st.slots_empty, 2);
+  EXPECT_EQ(st.cached_entries, 1);  // the first (full) block is findable
+}
+
+TEST(KVCacheManager, PrefixHitReusesBlocksAndRecomputesLastToken) {
+  KVCacheManager m(16, 4);
+  const auto prompt = iota_tokens(8);  // exactly two full blocks
+  admit(m, 1, prompt);
+  m.free(1);
+  EXPECT_EQ(m.stats().cached_blocks, 2);
+  // The whole prompt is cached, but the last token is always recomputed: only block 0 hits.
+  EXPECT_EQ(m.num_cached_tokens(prompt.data(), 8, 0), 4);
+  EXPECT_EQ(m.allocate(2, prompt.data(), 8, 0), 4);
+  EXPECT_EQ(m.block_table(2).blocks(), (std::vector<BlockId>{0}));
+  // A longer prompt with the same 8-token prefix hits both blocks.
+  auto longer = iota_tokens(11);
+  EXPECT_EQ(m.allocate(3, longer.data(), 11, 0), 8);
+  EXPECT_EQ(m.block_table(3).blocks(), (std::vector<BlockId>{0, 1}));
+  EXPECT_EQ(m.refcount(0), 2);
+  const auto st = m.stats();
+  EXPECT_EQ(st.prefix_cache_queries, 8 + 8 + 11);
+  EXPECT_EQ(st.prefix_cache_hits, 4 + 8);
+  // The extra key separates tenants.
+  EXPECT_EQ(m.num_cached_tokens(longer.data(), 11, /*extra_key=*/5), 0);
+}
+
+TEST(KVCacheManager, EvictsTailBeforeHeadOnlyWhenNeeded) {
+  KVCacheManager m(4, 2);
+  admit(m, 1, iota_tokens(6));  // blocks 0,1,2 all full
+  m.free(1);                    // parked tail first: 2, 1, 0
+  EXPECT_EQ(m.stats().cached_blocks, 3);
+  EXPECT_EQ(m.stats().free_blocks, 1);
+  EXPECT_EQ(m.prefix_cache().lru_front(), 2);
+  // A new unrelated sequence needing 2 blocks takes the free block 3, then evicts block 2.
+  const auto slots = admit(m, 2, iota_tokens(4, 100));
+  EXPECT_EQ(m.block_table(2).blocks(), (std::vector<BlockId>{3, 2}));
+  EXPECT_EQ(slots, (std::vector<Slot>{6, 7, 4, 5}));
+  EXPECT_EQ(m.stats().evictions, 1);
+  EXPECT_EQ(m.prefix_cache().lru_front(), 1);
+  // The head of the old chain is still findable.
+  const auto old = iota_tokens(6);
+  EXPECT_EQ(m.num_cached_tokens(old.data(), 6, 0), 4);
+}
+
+TEST(KVCacheManager, ForkSharesBlocksAndCopiesOnWrite) {
+  KVCacheManager m(8, 4);
+  admit(m, 1, iota_tokens(6));  // blocks 0 (full), 1 (2 tokens)
+  m.fork(1, 2);
+  EXPECT_EQ(m.refcount(0), 2);
+  EXPECT_EQ(m.refcount(1), 2);
+  EXPECT_EQ(m.stats().used_blocks, 2);
+  EXPECT_EQ(m.stats().tokens_stored, 6);  // shared blocks count once
+  std::vector<Slot> slot(1);
+  std::vector<CowPair> cow;
+  const TokenId t = 50;
+  EXPECT_EQ(m.blocks_needed(2, 1), 1);
+  ASSERT_TRUE(m.append(2, &t, 1, slot.data(), cow));
+  ASSERT_EQ(cow.size(), 1u);
+  EXPECT_EQ(cow[0].src, 1);
+  EXPECT_EQ(cow[0].dst, 2);
+  EXPECT_EQ(slot[0], 2 * 4 + 2);
+  EXPECT_EQ(m.block_table(2).blocks(), (std::vector<BlockId>{0, 2}));
+  // The parent is now the only user of block 1: no copy.
+  cow.clear();
+  const TokenId u = 60;
+  ASSERT_TRUE(m.append(1, &u, 1, slot.data(), cow));
+  EXPECT_TRUE(cow.empty());
+  EXPECT_EQ(slot[0], 1 * 4 + 2);
+  EXPECT_EQ(m.stats().tokens_stored, 4 + 3 + 3);
+  EXPECT_EQ(m.stats().cow_copies, 1);
+}
+
+TEST(KVCacheManager, FailedAppendChangesNothing) {
+  KVCacheManager m(3, 4, /*enable_prefix_caching=*/false);
+  admit(m, 1, iota_tokens(8));
+  const auto before = m.stats();
+  std::vector<Slot> slots(8);
+  std::vector<CowPair> cow;
+  const auto more = iota_tokens(8);
+  EXPECT_FALSE(m.can_append(1, 8));
+  EXPECT_FALSE(m.append(1, more.data(), 8, slots.data(), cow));
+  EXPECT_EQ(m.num_tokens(1), 8);
+  EXPECT_EQ(m.stats().used_blocks, before.used_blocks);
+  EXPECT_TRUE(m.append(1, more.data(), 4, slots.data(), cow));
+}
+
+TEST(KVCacheManager, AppendBatchIsAllOrNothing) {
+  KVCacheManager m(4, 2, false);
+  admit(m, 1, iota_tokens(2));
+  admit(m, 2, iota_tokens(2));
+  const std::vector<SeqId> seqs{1, 2};
+  const std::vector<int32_t> counts{2, 3};  // needs 1 + 2 blocks, only 2 free
+  const auto toks = iota_tokens(5);
+  std::vector<Slot> slots(5);
+  std::vector<CowPair> cow;
+  EXPECT_FALSE(m.append_batch(seqs.data(), counts.data(), 2, toks.data(), slots.data(), cow));
+  EXPECT_EQ(m.num_tokens(1), 2);
+  EXPECT_EQ(m.num_tokens(2), 2);
+  const std::vector<int32_t> fits{1, 1};
+  ASSERT_TRUE(m.append_batch(seqs.data(), fits.data(), 2, toks.data(), slots.data(), cow));
+  EXPECT_EQ(slots[0], 2 * 2);  // seq 1 took block 2
+  EXPECT_EQ(slots[1], 3 * 2);  // seq 2 took block 3
+  const std::vector<SeqId> dup{1, 1};
+  EXPECT_THROW(m.append_batch(dup.data(), fits.data(), 2, toks.data(), slots.data(), cow), Error);
+}
+
+TEST(KVCacheManager, WatermarkLimitsAdmissionOnly) {
+  KVCacheManager m(4, 4, false, /*watermark_blocks=*/2);
+  const auto p = iota_tokens(12);
+  EXPECT_FALSE(m.can_allocate(p.data(), 12, 0, 12));  // 3 blocks + 2 watermark > 4
+  EXPECT_TRUE(m.can_allocate(p.data(), 12, 0, 8));
+  admit(m, 1, iota_tokens(8));
+  EXPECT_TRUE(m.can_append(1, 8));  // running sequences may dip into the watermark
+}
+
+TEST(KVCacheManager, ExportBlockTablesPadsWithZero) {
+  KVCacheManager m(8, 2, false);
+  admit(m, 1, iota_tokens(5));
+  admit(m, 2, iota_tokens(1));
+  const std::vector<SeqId> seqs{2, 1};
+  EXPECT_EQ(m.max_num_blocks(seqs.data(), 2), 3);
+  std::vector<int32_t> out(6, -7);
+  m.export_block_tables(seqs.data(), 2, 3, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{3, 0, 0, 0, 1, 2}));
+  EXPECT_THROW(m.export_block_tables(seqs.data(), 2, 2, out.data()), Error);
+}
+
+TEST(KVCacheManager, ResetPrefixCacheFreesParkedBlocks) {
+  KVCacheManager m(8, 2);
+  admit(m, 1, iota_tokens(4));
+  m.free(1);
+  EXPECT_EQ(m.stats().cached_blocks, 2);
+  m.reset_prefix_cache();
+  const auto st = m.stats();
+  EXPECT_EQ(st.cached_blocks, 0);
+  EXPECT_EQ(st.free_blocks, 8);
+  EXPECT_EQ(st.cached_entries, 0);
+}
+
+TEST(KVCacheManager, ErrorsNameTheProblem) {
+  KVCacheManager m(4, 4);
+  const auto p = iota_tokens(3);
+  m.allocate(1, p.data(), 3, 0);
+  EXPECT_THROW(m.allocate(1, p.data(), 3, 0), Error);  // already allocated
+  EXPECT_THROW(m.allocate(2, p.data(), 0, 0), Error);  // empty prompt
+  EXPECT_THROW(m.free(9), Error);
+  EXPECT_THROW(m.fork(9, 10), Error);
+  EXPECT_THROW(m.fork(1, 1), Error);
+  EXPECT_THROW(KVCacheManager(4, 0), Error);
+  EXPECT_THROW(KVCacheManager(4, 4, true, 4), Error);
+  try {
+    m.free(9);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown sequence id 9"), std::string::npos);
+    EXPECT_EQ(e.kind(), ErrorKind::kOutOfRange);
+  }
+}
+
+TEST(KVCacheManager, EverythingReturnsAfterFree) {
+  KVCacheManager m(32, 4);
+  for (SeqId s = 0; s < 5; ++s) admit(m, s, iota_tokens(5 + static_cast<int32_t>(s) * 3));
+  m.fork(4, 10);
+  for (SeqId s : {0, 1, 2, 3, 4, 10}) m.free(s);
+  const auto st = m.stats();
+  EXPECT_EQ(st.used_blocks, 0);
+  EXPECT_EQ(st.free_blocks + st.cached_blocks, 32);
+  EXPECT_EQ(st.tokens_stored, 0);
+  EXPECT_EQ(st.num_seqs, 0);
+}
+
+}  // namespace
+}  // namespace pagedllm
