@@ -85,18 +85,39 @@ void bind_allocator(py::module_& m) {
       .def_property_readonly("capacity", &BlockAllocator::capacity)
       .def(
           "churn",
-          [](BlockAllocator& a, int64_t pairs) {
-            // Benchmark helper: `pairs` allocate+free pairs in C++ (GIL released).
+          [](BlockAllocator& a, int64_t pairs, int32_t batch) {
+            // Benchmark helper: `pairs` allocate+free pairs in C++ with the GIL released. With
+            // batch > 1, blocks are taken `batch` at a time and freed in a scrambled order.
+            PAGEDLLM_CHECK_ARG(batch >= 1 && batch <= a.num_free(),
+                               "churn: batch must be in [1, num_free = " << a.num_free()
+                                                                       << "], got " << batch);
             py::gil_scoped_release release;
             int64_t checksum = 0;
-            for (int64_t i = 0; i < pairs; ++i) {
-              const BlockId id = *a.allocate();
-              checksum += id;
-              a.decref(id);
+            if (batch == 1) {
+              for (int64_t i = 0; i < pairs; ++i) {
+                const BlockId id = *a.allocate();
+                checksum += id;
+                a.decref(id);
+              }
+              return checksum;
+            }
+            std::vector<BlockId> held(static_cast<size_t>(batch));
+            uint64_t x = 0x2545F4914F6CDD1Dull;
+            for (int64_t done = 0; done < pairs; done += batch) {
+              for (auto& id : held) id = *a.allocate();
+              for (size_t i = held.size() - 1; i > 0; --i) {  // xorshift Fisher-Yates
+                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                std::swap(held[i], held[x % (i + 1)]);
+              }
+              for (BlockId id : held) {
+                checksum += id;
+                a.decref(id);
+              }
             }
             return checksum;
           },
-          py::arg("pairs"), "Runs `pairs` allocate+free pairs (benchmark helper); needs a free block.");
+          py::arg("pairs"), py::arg("batch") = 1,
+          "Benchmark helper: runs `pairs` allocate+free pairs in C++ (batch > 1: scrambled frees).");
 }
 
 void bind_manager(py::module_& m) {

@@ -1,0 +1,1 @@
+"""pagedllm benchmarks: `python -m benchmarks` regenerates the figures of docs/BENCHMARKS.md."""
