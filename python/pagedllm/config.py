@@ -1,0 +1,174 @@
+"""EngineConfig: every engine option in one dataclass, validated once.
+
+Options can also come from YAML (``EngineConfig.from_yaml``), in sections that later features
+extend::
+
+    model: path/to/llama          # optional; the bundled default model otherwise
+    kv_cache:
+      block_size: 16
+      dtype: auto                 # auto | fp16 | bf16 | fp8 | fp8_e4m3 | fp8_e5m2
+      memory_bytes: 2147483648    # or num_blocks: 4096
+      enable_prefix_caching: true
+      watermark: 0.01
+    scheduler:
+      max_num_seqs: 256
+      max_num_batched_tokens: 2048
+      max_model_len: null
+    runtime:
+      seed: 0
+      num_threads: null
+
+Unknown keys are an error that names them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
+DEFAULT_KV_CACHE_MEMORY_BYTES = 2 << 30
+
+# YAML section -> {yaml key: EngineConfig field}
+_YAML_SECTIONS: Dict[str, Dict[str, str]] = {
+    "kv_cache": {
+        "block_size": "block_size",
+        "dtype": "kv_cache_dtype",
+        "memory_bytes": "kv_cache_memory_bytes",
+        "num_blocks": "num_kv_blocks",
+        "enable_prefix_caching": "enable_prefix_caching",
+        "watermark": "watermark",
+    },
+    "scheduler": {
+        "max_num_seqs": "max_num_seqs",
+        "max_num_batched_tokens": "max_num_batched_tokens",
+        "max_model_len": "max_model_len",
+    },
+    "runtime": {"seed": "seed", "num_threads": "num_threads"},
+}
+
+
+@dataclass
+class EngineConfig:
+    """Options of the engine (vLLM's names where vLLM has them).
+
+    Args:
+        model: checkpoint directory (Hugging Face Llama layout); None = the bundled model.
+        block_size: tokens per KV block.
+        kv_cache_dtype: storage dtype of the KV cache ("auto" = the model's dtype).
+        kv_cache_memory_bytes: KV pool budget in bytes (used when num_kv_blocks is None).
+        num_kv_blocks: exact number of KV blocks (overrides the byte budget).
+        max_num_seqs: most sequences in one step.
+        max_num_batched_tokens: most tokens (prompt chunks + decodes) in one step.
+        max_model_len: longest sequence (prompt + output); None = the model's limit.
+        enable_prefix_caching: reuse cached blocks of earlier requests with the same prefix.
+        watermark: fraction of blocks kept free when admitting new requests.
+        seed: seed of the engine's sampling generator (requests can set their own).
+        num_threads: CPU threads for torch and the kernels; None = all available cores.
+        k_scale: fp8 KV scale for keys (x / k_scale is stored).
+        v_scale: fp8 KV scale for values.
+    """
+
+    model: Optional[str] = None
+    block_size: int = 16
+    kv_cache_dtype: str = "auto"
+    kv_cache_memory_bytes: Optional[int] = None
+    num_kv_blocks: Optional[int] = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: Optional[int] = None
+    max_model_len: Optional[int] = None
+    enable_prefix_caching: bool = True
+    watermark: float = 0.01
+    seed: int = 0
+    num_threads: Optional[int] = None
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        def bad(name: str, expected: str) -> ValueError:
+            return ValueError(f"{name} must be {expected}, got {getattr(self, name)!r}")
+
+        if not isinstance(self.block_size, int) or not 1 <= self.block_size <= 256:
+            raise bad("block_size", "an integer in [1, 256]")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise bad("kv_cache_dtype", "one of " + ", ".join(KV_CACHE_DTYPES))
+        if self.kv_cache_memory_bytes is not None and (
+            not isinstance(self.kv_cache_memory_bytes, int) or self.kv_cache_memory_bytes <= 0
+        ):
+            raise bad("kv_cache_memory_bytes", "a positive integer (bytes)")
+        if self.num_kv_blocks is not None and (
+            not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1
+        ):
+            raise bad("num_kv_blocks", "an integer >= 1")
+        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise bad("max_num_seqs", "an integer >= 1")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = max(2048, self.max_num_seqs)
+        if not isinstance(self.max_num_batched_tokens, int) or self.max_num_batched_tokens < self.max_num_seqs:
+            raise bad("max_num_batched_tokens", f"an integer >= max_num_seqs ({self.max_num_seqs})")
+        if self.max_model_len is not None and (
+            not isinstance(self.max_model_len, int) or self.max_model_len < 2
+        ):
+            raise bad("max_model_len", "an integer >= 2 or None")
+        if not 0.0 <= self.watermark < 1.0:
+            raise bad("watermark", "a fraction in [0, 1)")
+        if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
+            raise bad("num_threads", "an integer >= 1 or None")
+        if not self.k_scale > 0 or not self.v_scale > 0:
+            raise ValueError(f"k_scale and v_scale must be > 0, got {self.k_scale}, {self.v_scale}")
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], **overrides: Any) -> "EngineConfig":
+        """Builds a config from the YAML layout (sections), then applies `overrides`.
+
+        Args:
+            data: mapping with optional keys "model", "kv_cache", "scheduler", "runtime".
+            **overrides: field values that win over the mapping (None values are ignored).
+        Returns:
+            The validated config.
+        Raises:
+            ValueError: on an unknown section or key (named in the message).
+        """
+        fields: Dict[str, Any] = {}
+        for key, value in (data or {}).items():
+            if key == "model":
+                fields["model"] = value
+            elif key in _YAML_SECTIONS:
+                if not isinstance(value, dict):
+                    raise ValueError(f"config section '{key}' must be a mapping, got {value!r}")
+                for sub, sub_value in value.items():
+                    if sub not in _YAML_SECTIONS[key]:
+                        known = ", ".join(sorted(_YAML_SECTIONS[key]))
+                        raise ValueError(f"unknown key '{key}.{sub}' in config (known: {known})")
+                    fields[_YAML_SECTIONS[key][sub]] = sub_value
+            else:
+                known = ", ".join(["model", *sorted(_YAML_SECTIONS)])
+                raise ValueError(f"unknown config section '{key}' (known: {known})")
+        fields.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**fields)
+
+    @classmethod
+    def from_yaml(cls, path: str, **overrides: Any) -> "EngineConfig":
+        """Reads a YAML file in the layout of this module's docstring.
+
+        Args:
+            path: the YAML file.
+            **overrides: field values that win over the file.
+        Returns:
+            The validated config.
+        """
+        import yaml
+
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the top level must be a mapping of sections")
+        try:
+            return cls.from_dict(data, **overrides)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+    def replace(self, **changes: Any) -> "EngineConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)

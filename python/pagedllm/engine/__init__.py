@@ -1,0 +1,1 @@
+"""The engine: requests and sequences, the scheduler, the model runner, the sampler."""

@@ -1,0 +1,179 @@
+"""Batched sampling with per-sequence parameters (vLLM's SamplingParams semantics).
+
+Order of operations on each row of logits (as vLLM): repetition / frequency / presence
+penalties, min_tokens suppression of EOS and stop tokens, then greedy argmax, or temperature,
+top-k, top-p, min-p and a random draw. The draw uses the exponential-race trick
+(argmax of p / q with q ~ Exp(1)), which needs one random number per vocabulary entry from the
+sequence's own generator when the request is seeded, so a seeded sequence's tokens do not
+depend on the rest of the batch. Reported logprobs are the model's raw log-softmax, before any
+of the adjustments (vLLM's default "raw_logprobs").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence as Seq, Tuple
+
+import torch
+
+from pagedllm.engine.sequence import Sequence
+from pagedllm.sampling_params import SamplingParams
+
+
+@dataclass
+class SampleTarget:
+    """One draw: which logits row, for which sequence, under which parameters."""
+
+    row: int
+    seq: Sequence
+    params: SamplingParams
+
+
+@dataclass
+class SampleResult:
+    """The outcome of one draw.
+
+    Attributes:
+        token_id: the chosen token.
+        logprob: its raw logprob (None when not needed by the request).
+        rank: its rank under the raw distribution (1 = most likely), when logprob is set.
+        top: the top-k (token id, raw logprob) pairs, when the request asked for logprobs.
+    """
+
+    token_id: int
+    logprob: Optional[float] = None
+    rank: Optional[int] = None
+    top: Optional[List[Tuple[int, float]]] = None
+
+
+class Sampler:
+    """Samples next tokens for a batch of sequences.
+
+    Args:
+        eos_token_ids: the model's end-of-sequence ids (suppressed until min_tokens).
+        seed: seed of the shared generator used by requests without their own seed.
+    """
+
+    def __init__(self, eos_token_ids: Seq[int], seed: int = 0):
+        self.eos_token_ids = list(eos_token_ids)
+        self.generator = torch.Generator()
+        self.generator.manual_seed(seed)
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, targets: List[SampleTarget]) -> List[SampleResult]:
+        """Draws one token per target.
+
+        Args:
+            logits: float32 [num_rows, vocab]; several targets may share a row (forks).
+            targets: the draws to make.
+        Returns:
+            One SampleResult per target, in order.
+        """
+        if not targets:
+            return []
+        rows = torch.as_tensor([t.row for t in targets], dtype=torch.long)
+        raw = logits.index_select(0, rows).float()  # [S, vocab]
+        need_lp = [t.params.logprobs is not None or t.params.best_of > t.params.n for t in targets]
+        raw_lp = torch.log_softmax(raw, dim=-1) if any(need_lp) else None  # [S, vocab]
+
+        x = self._apply_penalties(raw, targets)
+        x = self._suppress_until_min_tokens(x, targets)
+        tokens = torch.empty(len(targets), dtype=torch.long)
+        greedy = [i for i, t in enumerate(targets) if t.params.greedy]
+        if greedy:
+            g = torch.as_tensor(greedy, dtype=torch.long)
+            tokens[g] = x.index_select(0, g).argmax(dim=-1)
+        rand = [i for i, t in enumerate(targets) if not t.params.greedy]
+        if rand:
+            r = torch.as_tensor(rand, dtype=torch.long)
+            tokens[r] = self._random(x.index_select(0, r), [targets[i] for i in rand])
+
+        results = []
+        for i, t in enumerate(targets):
+            tok = int(tokens[i])
+            if not need_lp[i]:
+                results.append(SampleResult(tok))
+                continue
+            lp_row = raw_lp[i]
+            lp = float(lp_row[tok])
+            rank = int((lp_row > lp_row[tok]).sum()) + 1
+            top = None
+            k = t.params.logprobs or 0
+            if t.params.logprobs is not None and k > 0:
+                vals, idx = torch.topk(lp_row, min(k, lp_row.shape[0]))
+                top = list(zip(idx.tolist(), vals.tolist()))
+            results.append(SampleResult(tok, lp, rank, top))
+        return results
+
+    # --- logits processing --------------------------------------------------------------------
+    @staticmethod
+    def _apply_penalties(x: torch.Tensor, targets: List[SampleTarget]) -> torch.Tensor:
+        todo = [i for i, t in enumerate(targets)
+                if t.params.repetition_penalty != 1.0 or t.params.frequency_penalty != 0.0
+                or t.params.presence_penalty != 0.0]
+        if not todo:
+            return x
+        x = x.clone()
+        vocab = x.shape[1]
+        for i in todo:
+            p, seq = targets[i].params, targets[i].seq
+            out_ids = torch.as_tensor(seq.output_token_ids, dtype=torch.long)
+            out_ids = out_ids[(out_ids >= 0) & (out_ids < vocab)]
+            counts = torch.bincount(out_ids, minlength=vocab).to(x.dtype)  # [vocab]
+            row = x[i]
+            if p.repetition_penalty != 1.0:
+                seen = counts > 0
+                prompt_ids = torch.as_tensor(seq.token_ids[: seq.num_prompt_tokens], dtype=torch.long)
+                prompt_ids = prompt_ids[(prompt_ids >= 0) & (prompt_ids < vocab)]
+                seen[prompt_ids] = True
+                row[seen] = torch.where(row[seen] > 0, row[seen] / p.repetition_penalty,
+                                        row[seen] * p.repetition_penalty)
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
+        return x
+
+    def _suppress_until_min_tokens(self, x: torch.Tensor, targets: List[SampleTarget]) -> torch.Tensor:
+        cloned = False
+        for i, t in enumerate(targets):
+            if t.seq.num_output_tokens >= t.params.min_tokens:
+                continue
+            banned = set(t.params.stop_token_ids)
+            if not t.params.ignore_eos:
+                banned.update(self.eos_token_ids)
+            banned = [b for b in banned if 0 <= b < x.shape[1]]
+            if banned:
+                if not cloned:
+                    x, cloned = x.clone(), True
+                x[i, banned] = float("-inf")
+        return x
+
+    def _random(self, x: torch.Tensor, targets: List[SampleTarget]) -> torch.Tensor:
+        """Temperature, top-k, top-p, min-p, then the exponential race. x: [R, vocab]."""
+        temps = torch.as_tensor([t.params.temperature for t in targets], dtype=x.dtype)
+        x = x / temps.unsqueeze(1)
+        top_k = [t.params.top_k for t in targets]
+        top_p = [t.params.top_p for t in targets]
+        min_p = [t.params.min_p for t in targets]
+        if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+            vocab = x.shape[1]
+            sorted_x, order = torch.sort(x, dim=-1, descending=True)          # [R, vocab]
+            k = torch.as_tensor([k if k > 0 else vocab for k in top_k]).unsqueeze(1)
+            drop = torch.arange(vocab).unsqueeze(0) >= k                        # beyond top-k
+            probs = torch.softmax(sorted_x.masked_fill(drop, float("-inf")), dim=-1)
+            before = torch.cumsum(probs, dim=-1) - probs                       # mass above
+            drop |= before >= torch.as_tensor(top_p, dtype=x.dtype).unsqueeze(1)
+            drop[:, 0] = False                                                  # keep the best
+            x = x.scatter(1, order, sorted_x.masked_fill(drop, float("-inf")))
+        probs = torch.softmax(x, dim=-1)                                        # [R, vocab]
+        if any(p > 0.0 for p in min_p):
+            floor = torch.as_tensor(min_p, dtype=x.dtype).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+            probs = torch.where(probs < floor, torch.zeros_like(probs), probs)
+        q = torch.empty_like(probs)
+        shared = [i for i, t in enumerate(targets) if t.seq.generator is None]
+        if shared:
+            idx = torch.as_tensor(shared, dtype=torch.long)
+            q[idx] = torch.empty((len(shared), probs.shape[1]), dtype=probs.dtype).exponential_(
+                generator=self.generator)
+        for i, t in enumerate(targets):
+            if t.seq.generator is not None:
+                q[i].exponential_(generator=t.seq.generator)
+        return (probs / q).argmax(dim=-1)

@@ -1,0 +1,137 @@
+"""Requests and their sequences: the engine's bookkeeping of what each stream has produced.
+
+A Request holds one prompt and its SamplingParams. It starts with one Sequence; when its
+prompt has been computed and best_of > 1, the sequence is forked so that every sample shares
+the prompt's KV blocks. Each Sequence is one token stream with its own KV blocks (shared or
+not) in the KVCacheManager, keyed by ``seq_id``.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from typing import Any, List, Optional
+
+import torch
+
+from pagedllm.sampling_params import SamplingParams
+
+_seq_ids = itertools.count()
+_arrivals = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is in its life."""
+
+    WAITING = "waiting"  # not holding KV blocks (new or preempted)
+    RUNNING = "running"  # holding KV blocks, scheduled every step
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One token stream: the prompt and the tokens generated after it.
+
+    Attributes:
+        seq_id: key of this stream in the KVCacheManager.
+        request: the owning request.
+        index: the completion index within the request (0 .. best_of - 1).
+        token_ids: prompt tokens followed by generated tokens.
+        num_prompt_tokens: length of the prompt.
+        num_computed_tokens: leading tokens whose K/V are in the cache.
+        generator: the per-sequence torch.Generator when the request has a seed.
+    """
+
+    def __init__(self, request: "Request", index: int, token_ids: List[int],
+                 generator: Optional[torch.Generator]):
+        self.seq_id = next(_seq_ids)
+        self.request = request
+        self.index = index
+        self.token_ids = list(token_ids)
+        self.num_prompt_tokens = len(request.prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.status = SequenceStatus.WAITING
+        self.generator = generator
+        self.cumulative_logprob = 0.0
+        self.output_logprobs: Optional[list] = [] if request.params.logprobs is not None else None
+        self.output_text = ""
+        self.finish_reason: Optional[str] = None
+        self.stop_reason: Any = None
+        self.detokenizer: Any = None  # set by the engine when text is produced
+        self.num_preemptions = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens known (prompt + generated)."""
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far."""
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> List[int]:
+        """The generated tokens."""
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def arrival_key(self) -> tuple:
+        """Scheduling order: earlier requests first, then completion index."""
+        return (self.request.arrival_seq, self.index)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, req={self.request.request_id}, idx={self.index}, "
+                f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, {self.status.value})")
+
+
+class Request:
+    """One prompt with its sampling parameters and its sequences.
+
+    Attributes:
+        request_id: caller-visible id.
+        prompt: the prompt text (None when given as token ids).
+        prompt_token_ids: the prompt's token ids.
+        params: the sampling parameters.
+        extra_key: prefix-cache key separating tenants / adapters (0 = shared).
+        seqs: the sequences (1 until the prompt is computed, then best_of).
+        prompt_logprobs: per prompt token, when requested.
+    """
+
+    def __init__(self, request_id: str, prompt: Optional[str], prompt_token_ids: List[int],
+                 params: SamplingParams, extra_key: int = 0, arrival_time: Optional[float] = None):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.extra_key = extra_key
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.arrival_seq = next(_arrivals)
+        self.first_token_time: Optional[float] = None
+        self.finish_time: Optional[float] = None
+        self.forked = False
+        self.prompt_logprobs: Optional[list] = [None] if params.prompt_logprobs is not None else None
+        self.seqs: List[Sequence] = [Sequence(self, 0, prompt_token_ids, self.make_generator(0))]
+
+    def make_generator(self, index: int) -> Optional[torch.Generator]:
+        """A generator for completion `index`, seeded from the request seed (None if unseeded).
+
+        Each completion draws from its own generator, so its tokens do not depend on which
+        other sequences share its steps.
+        """
+        if self.params.seed is None:
+            return None
+        g = torch.Generator()
+        g.manual_seed((self.params.seed * 1_000_003 + index) & 0x7FFF_FFFF_FFFF_FFFF)
+        return g
+
+    @property
+    def finished(self) -> bool:
+        """True when every sequence finished (after the fork, when one is due)."""
+        if self.params.best_of > 1 and not self.forked:
+            return self.seqs[0].is_finished  # aborted or failed before forking
+        return all(s.is_finished for s in self.seqs)
