@@ -103,6 +103,13 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         bisect.insort(self.running, seq, key=lambda s: s.arrival_key)
 
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Makes `child` share every KV block of the running `parent` (copy-on-write later)."""
+        assert parent.status is SequenceStatus.RUNNING, parent
+        self.kv.fork(parent.seq_id, child.seq_id)
+        child.num_computed_tokens = parent.num_computed_tokens
+        self.add_running(child)
+
     def remove(self, seq: Sequence) -> None:
         """Drops a sequence from the queues and frees its blocks (finished or aborted)."""
         if seq.status is SequenceStatus.RUNNING:

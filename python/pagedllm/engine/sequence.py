@@ -59,6 +59,8 @@ class Sequence:
         self.stop_reason: Any = None
         self.detokenizer: Any = None  # set by the engine when text is produced
         self.num_preemptions = 0
+        self.beam_pending: Optional[list] = None  # beam search: (token, logprob) candidates
+        self.beam_logprobs: list = []             # beam search: chosen tokens' logprobs
 
     @property
     def num_tokens(self) -> int:
@@ -112,7 +114,9 @@ class Request:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.arrival_seq = next(_arrivals)
         self.first_token_time: Optional[float] = None
+        self.last_token_time: Optional[float] = None
         self.finish_time: Optional[float] = None
+        self.beam: Any = None  # BeamSearchState for beam-search requests
         self.forked = False
         self.prompt_logprobs: Optional[list] = [None] if params.prompt_logprobs is not None else None
         self.seqs: List[Sequence] = [Sequence(self, 0, prompt_token_ids, self.make_generator(0))]

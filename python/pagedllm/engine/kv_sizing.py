@@ -1,0 +1,92 @@
+"""Sizing the KV pool from a byte budget, with messages that say what fits and what to change."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pagedllm.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig
+
+logger = logging.getLogger("pagedllm")
+
+
+@dataclass
+class KVPlan:
+    """The pool the engine will build.
+
+    Attributes:
+        num_blocks: blocks in the pool.
+        bytes_per_block: bytes of one block across all layers (keys and values).
+        max_model_len: the longest sequence the engine will accept.
+        watermark_blocks: blocks kept free when admitting new requests.
+        block_size: tokens per block.
+    """
+
+    num_blocks: int
+    bytes_per_block: int
+    max_model_len: int
+    watermark_blocks: int
+    block_size: int
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the whole pool holds."""
+        return self.num_blocks * self.block_size
+
+
+def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int) -> KVPlan:
+    """Decides the number of blocks and the length limit.
+
+    Args:
+        config: the engine options (block_size, num_kv_blocks / kv_cache_memory_bytes,
+            max_model_len, watermark).
+        bytes_per_block: bytes one block takes (from PagedKVCache.bytes_per_block).
+        model_max_len: the model's max_position_embeddings.
+    Returns:
+        The plan.
+    Raises:
+        ValueError: the budget holds less than one sequence of the requested length; the
+            message gives the tokens that fit and the knob to turn.
+    """
+    bs = config.block_size
+    if config.num_kv_blocks is not None:
+        num_blocks = config.num_kv_blocks
+        budget_desc = f"num_kv_blocks={num_blocks}"
+    else:
+        budget = config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_MEMORY_BYTES
+        num_blocks = budget // bytes_per_block
+        budget_desc = f"kv_cache_memory_bytes={budget} ({bytes_per_block} bytes per block of {bs} tokens)"
+        if num_blocks < 1:
+            raise ValueError(
+                f"the KV cache budget {budget_desc} holds no block at all; raise "
+                f"kv_cache_memory_bytes to at least {bytes_per_block} (one block) or lower block_size")
+    watermark_blocks = min(int(config.watermark * num_blocks), num_blocks - 1)
+    capacity = num_blocks * bs
+    usable = (num_blocks - watermark_blocks) * bs  # what one admitted prompt may take
+    if config.max_model_len is not None:
+        if config.max_model_len > model_max_len:
+            raise ValueError(
+                f"max_model_len={config.max_model_len} exceeds the model's "
+                f"max_position_embeddings={model_max_len}")
+        if config.max_model_len > capacity:
+            need = -(-config.max_model_len // bs)
+            raise ValueError(
+                f"max_model_len={config.max_model_len} does not fit the KV cache: {budget_desc} "
+                f"gives {num_blocks} blocks = {capacity} tokens, and one sequence of "
+                f"{config.max_model_len} tokens needs {need} blocks. Raise kv_cache_memory_bytes "
+                f"(to at least {need * bytes_per_block}) or num_kv_blocks (to at least {need}), "
+                f"or lower max_model_len to {capacity} or less")
+        max_model_len = config.max_model_len
+    else:
+        max_model_len = min(model_max_len, capacity)
+        if max_model_len < model_max_len:
+            logger.warning(
+                "KV cache %s holds %d tokens, less than the model's %d positions: max_model_len "
+                "set to %d (raise kv_cache_memory_bytes or num_kv_blocks for longer sequences)",
+                budget_desc, capacity, model_max_len, max_model_len)
+    if usable < 2:
+        raise ValueError(
+            f"the KV cache ({budget_desc}: {num_blocks} blocks of {bs} tokens, {watermark_blocks} "
+            f"kept free as watermark) cannot admit even a 2-token prompt; raise "
+            f"kv_cache_memory_bytes or num_kv_blocks, or lower watermark")
+    return KVPlan(num_blocks, bytes_per_block, max_model_len, watermark_blocks, bs)

@@ -1,0 +1,274 @@
+"""LLMEngine: add requests, step, abort — the loop that servers and the LLM facade drive.
+
+One step = schedule (memory decisions, in the C++ KVCacheManager) -> run the model over the
+scheduled tokens -> sample -> apply tokens, stop rules and forks -> outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import time
+from typing import Callable, Dict, Iterable, List, Optional, Sequence as Seq, Union
+
+import torch
+
+from pagedllm import _core
+from pagedllm.config import EngineConfig
+from pagedllm.engine import beam_search
+from pagedllm.engine.kv_sizing import plan_kv_pool
+from pagedllm.engine.model_runner import ModelRunner
+from pagedllm.engine.output_processor import OutputProcessor
+from pagedllm.engine.sampler import Sampler
+from pagedllm.engine.scheduler import Scheduler
+from pagedllm.engine.sequence import Request, SequenceStatus
+from pagedllm.engine.stop_checker import StopChecker
+from pagedllm.model import PagedKVCache, load_model
+from pagedllm.outputs import BeamSearchOutput, RequestOutput
+from pagedllm.sampling_params import BeamSearchParams, SamplingParams
+
+logger = logging.getLogger("pagedllm")
+
+PromptType = Union[str, Dict[str, object], Seq[int]]
+
+
+def resolve_model_path(model: Optional[str]) -> str:
+    """The checkpoint directory to load: `model`, or the bundled default model when None."""
+    if model is None:
+        from pagedllm.default_model import default_model_path
+
+        return default_model_path()
+    if not os.path.isdir(model):
+        raise FileNotFoundError(
+            f"model directory {model!r} not found (expected a Hugging Face Llama checkpoint "
+            f"directory with config.json and *.safetensors; omit it to use the bundled model)")
+    return model
+
+
+class LLMEngine:
+    """The request-level engine (vLLM's LLMEngine, synchronous).
+
+    Args:
+        config: engine options; see EngineConfig.
+    """
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        threads = config.num_threads or len(os.sched_getaffinity(0))
+        torch.set_num_threads(threads)
+        if hasattr(_core, "set_num_threads"):
+            _core.set_num_threads(threads)
+        self.model_path = resolve_model_path(config.model)
+        self.model, self.model_config = load_model(self.model_path)
+        self.tokenizer = self._load_tokenizer()
+        eos = list(self.tokenizer.eos_token_ids) if self.tokenizer else []
+        for t in self.model_config.eos_token_ids:
+            if t not in eos:
+                eos.append(t)
+        self.eos_token_ids = eos
+
+        bytes_per_block = PagedKVCache.bytes_per_block(self.model_config, config.block_size,
+                                                       config.kv_cache_dtype)
+        self.plan = plan_kv_pool(config, bytes_per_block,
+                                 self.model_config.max_position_embeddings)
+        self.max_model_len = self.plan.max_model_len
+        self.kv_cache = PagedKVCache(self.model_config, self.plan.num_blocks, config.block_size,
+                                     config.kv_cache_dtype, config.k_scale, config.v_scale)
+        self.kv_manager = _core.KVCacheManager(self.plan.num_blocks, config.block_size,
+                                               config.enable_prefix_caching,
+                                               self.plan.watermark_blocks)
+        self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs,
+                                   config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.kv_cache)
+        self.sampler = Sampler(self.eos_token_ids, seed=config.seed)
+        self.processor = OutputProcessor(
+            self.scheduler, StopChecker(self.eos_token_ids, self.max_model_len, self.tokenizer),
+            self.tokenizer)
+        self.requests: Dict[str, Request] = {}
+        self._ids = itertools.count()
+        self._stats_samples: List[float] = []
+        # Counters for metrics (cumulative since start).
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+        self.num_steps = 0
+        # Called after each step is scheduled with the KV pool's stats (benchmarks, monitors).
+        self.on_step: Optional[Callable[[dict], None]] = None
+
+    def _load_tokenizer(self):
+        if not os.path.isfile(os.path.join(self.model_path, "tokenizer.json")):
+            return None
+        from pagedllm.tokenizer import Tokenizer
+
+        return Tokenizer.from_dir(self.model_path)
+
+    # --- requests -----------------------------------------------------------------------------
+    def _prompt_ids(self, prompt: PromptType) -> tuple:
+        """(text or None, token ids) of a prompt given as text, token ids or a dict."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a prompt dict needs 'prompt' (text) or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"the model at {self.model_path} has no tokenizer.json: give "
+                                 "prompts as {'prompt_token_ids': [...]}")
+            return prompt, self.tokenizer.encode(prompt)
+        return None, [int(t) for t in prompt]
+
+    def _validate(self, request_id: str, ids: List[int], max_tokens: int) -> None:
+        vocab = self.model_config.vocab_size
+        if not ids:
+            raise ValueError(f"request {request_id}: the prompt is empty")
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"request {request_id}: prompt token id {bad[0]} is outside the "
+                             f"vocabulary [0, {vocab})")
+        total = len(ids) + max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"request {request_id}: prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
+                f"{total} exceeds max_model_len ({self.max_model_len})")
+        bs = self.config.block_size
+        need = -(-total // bs)
+        admit = -(-len(ids) // bs)
+        if need > self.plan.num_blocks or admit > self.plan.num_blocks - self.plan.watermark_blocks:
+            raise ValueError(
+                f"request {request_id}: {total} tokens need {need} KV blocks but the pool has "
+                f"{self.plan.num_blocks} (block_size {bs}); raise kv_cache_memory_bytes or "
+                f"num_kv_blocks, or lower max_tokens")
+
+    def add_request(self, request_id: Optional[str], prompt: PromptType,
+                    params: Optional[SamplingParams] = None, arrival_time: Optional[float] = None,
+                    extra_key: int = 0) -> str:
+        """Queues a request. It joins the running batch at the next step.
+
+        Args:
+            request_id: a unique id (None: the engine makes one).
+            prompt: text, token ids, or {"prompt": text} / {"prompt_token_ids": ids}.
+            params: sampling parameters (default SamplingParams()).
+            arrival_time: for metrics (default now).
+            extra_key: prefix-cache namespace (a tenant salt / adapter id hash; 0 = shared).
+        Returns:
+            The request id.
+        Raises:
+            ValueError: the request can never run (empty, bad token ids, too long for
+                max_model_len or for the KV pool); the engine's other requests are unaffected.
+        """
+        params = params or SamplingParams()
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids = self._prompt_ids(prompt)
+        if params.max_tokens is None:
+            params = dataclasses.replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
+        self._validate(request_id, ids, params.max_tokens)
+        req = Request(request_id, text, ids, params, extra_key, arrival_time)
+        self.requests[request_id] = req
+        self.scheduler.add(req.seqs[0])
+        self.num_prompt_tokens += len(ids)
+        return request_id
+
+    def add_beam_request(self, request_id: Optional[str], prompt: PromptType,
+                         params: BeamSearchParams) -> str:
+        """Queues a beam-search request; its result comes from beam_search_result()."""
+        sp = SamplingParams(max_tokens=params.max_tokens, temperature=0.0,
+                            ignore_eos=params.ignore_eos, detokenize=False)
+        rid = self.add_request(request_id, prompt, sp)
+        self.requests[rid].beam = beam_search.BeamSearchState(params)
+        return rid
+
+    def abort_request(self, request_id: Union[str, Iterable[str]]) -> None:
+        """Stops requests and frees their blocks; unknown ids are ignored."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            req = self.requests.pop(rid, None)
+            if req is None:
+                continue
+            for seq in req.seqs:
+                self.processor.finish(seq, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # --- the step -----------------------------------------------------------------------------
+    def step(self) -> List[RequestOutput]:
+        """Runs one scheduling + model + sampling step.
+
+        Returns:
+            A RequestOutput for every (non-beam) request that got new tokens or finished.
+        """
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            if self.scheduler.has_work and not self.scheduler.running:
+                raise RuntimeError("internal: requests are waiting but none can be scheduled")
+            return []
+        if self.on_step is not None:
+            self.on_step(self.kv_manager.stats())
+        logits = self.runner.execute(out)
+        self.num_steps += 1
+        for e in out.scheduled:
+            e.seq.num_computed_tokens = e.context_len
+        for i, pl in logits.prompt_logits.items():
+            e = out.scheduled[i]
+            self.processor.add_prompt_logprobs(e.seq, e.start, pl)
+
+        targets = []
+        touched = {}
+        for row, i in enumerate(logits.sample_entries):
+            seq = out.scheduled[i].seq
+            req = seq.request
+            touched[req.request_id] = req
+            if req.beam is not None:
+                beam_search.store_candidates(seq, logits.logits[row], req.beam.params)
+            else:
+                targets.extend(self.processor.targets_for(row, seq))
+        results = self.sampler.sample(logits.logits, targets)
+        now = time.monotonic()
+        for t, r in zip(targets, results):
+            self.processor.apply(t, r, now)
+        self.num_generation_tokens += len(results)
+
+        outputs = []
+        for req in touched.values():
+            if req.beam is not None:
+                if beam_search.ready(req):
+                    beam_search.advance(req, self.scheduler, set(self.eos_token_ids),
+                                        self.max_model_len, self._free_beam)
+                    self.num_generation_tokens += len(req.seqs)
+                continue
+            outputs.append(OutputProcessor.request_output(req))
+            if req.finished:
+                self.requests.pop(req.request_id, None)
+        return outputs
+
+    def _free_beam(self, seq) -> None:
+        self.processor.finish(seq, "stop")
+
+    def beam_search_result(self, request_id: str) -> Optional[BeamSearchOutput]:
+        """The finished beams of a beam-search request (None while it runs); forgets it."""
+        req = self.requests.get(request_id)
+        if req is None or req.beam is None or not req.beam.done:
+            return None
+        del self.requests[request_id]
+        return beam_search.result(req, set(self.eos_token_ids), self.tokenizer)
+
+    # --- introspection ------------------------------------------------------------------------
+    def kv_cache_stats(self) -> dict:
+        """KV pool figures (see LLM.kv_cache_stats)."""
+        s = self.kv_manager.stats()
+        s["num_preemptions"] = self.scheduler.num_preemptions
+        s["kv_cache_dtype"] = self.config.kv_cache_dtype
+        s["bytes_per_block"] = self.plan.bytes_per_block
+        s["kv_cache_bytes"] = self.plan.bytes_per_block * self.plan.num_blocks
+        s["num_requests_running"] = len({q.request.request_id for q in self.scheduler.running})
+        s["num_requests_waiting"] = len(self.requests) - s["num_requests_running"]
+        return s

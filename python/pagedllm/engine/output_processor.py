@@ -1,0 +1,150 @@
+"""Applies a step's samples to the sequences and builds the RequestOutputs.
+
+For every sampled sequence: append the token, record logprobs, extend the text, check the stop
+rules, and release the sequence's blocks when it finishes. A request with best_of > 1 is forked
+when its prompt has been computed: every sample shares the prompt's blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from pagedllm.engine.sampler import SampleResult, SampleTarget
+from pagedllm.engine.scheduler import Scheduler
+from pagedllm.engine.sequence import Request, Sequence, SequenceStatus
+from pagedllm.engine.stop_checker import StopChecker
+from pagedllm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+
+
+class OutputProcessor:
+    """Turns sample results into sequence state and outputs.
+
+    Args:
+        scheduler: owns the sequences' KV blocks (forks and frees go through it).
+        stop_checker: the stop rules and detokenization.
+        tokenizer: for decoded_token in logprobs (None: no text).
+    """
+
+    def __init__(self, scheduler: Scheduler, stop_checker: StopChecker, tokenizer=None):
+        self.scheduler = scheduler
+        self.stop = stop_checker
+        self.tokenizer = tokenizer
+
+    # --- before sampling ----------------------------------------------------------------------
+    def targets_for(self, row: int, seq: Sequence) -> List[SampleTarget]:
+        """The draws to make from logits row `row` of `seq`; forks a request due for it."""
+        req = seq.request
+        params = req.params
+        if params.best_of > 1 and not req.forked:
+            req.forked = True
+            for index in range(1, params.best_of):
+                child = Sequence(req, index, seq.token_ids, req.make_generator(index))
+                req.seqs.append(child)
+                self.scheduler.fork(seq, child)
+            return [SampleTarget(row, s, params) for s in req.seqs]
+        return [SampleTarget(row, seq, params)]
+
+    # --- after sampling -----------------------------------------------------------------------
+    def apply(self, target: SampleTarget, result: SampleResult, now: float) -> None:
+        """Appends the sampled token to the target sequence and finishes it when due."""
+        seq = target.seq
+        req = seq.request
+        seq.token_ids.append(result.token_id)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        req.last_token_time = now
+        if result.logprob is not None:
+            seq.cumulative_logprob += result.logprob
+        if seq.output_logprobs is not None:
+            seq.output_logprobs.append(self._position_logprobs(result))
+        delta = self.stop.append_text(seq)
+        reason = self.stop.check(seq, delta)
+        if reason is not None:
+            self.finish(seq, reason)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Marks seq finished with `reason` and frees its blocks."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        if reason != "abort":
+            self.stop.finish_text(seq)
+        self.scheduler.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        req = seq.request
+        if req.finished and req.finish_time is None:
+            req.finish_time = time.monotonic()
+
+    def add_prompt_logprobs(self, seq: Sequence, start: int, logits: torch.Tensor) -> None:
+        """Records prompt logprobs for the chunk of prompt rows starting at position `start`.
+
+        Args:
+            seq: the request's first sequence (prompt logprobs are per request).
+            start: position of the chunk's first token.
+            logits: float32 [chunk_len, vocab]; row i predicts the token at start + i + 1.
+        """
+        req = seq.request
+        k = req.params.prompt_logprobs or 0
+        end = min(start + logits.shape[0], seq.num_prompt_tokens - 1)
+        if end <= start or len(req.prompt_logprobs) != start + 1:
+            return  # already recorded (a recomputation after preemption)
+        lp = torch.log_softmax(logits[: end - start].float(), dim=-1)      # [rows, vocab]
+        targets = torch.as_tensor(req.prompt_token_ids[start + 1:end + 1], dtype=torch.long)
+        chosen = lp.gather(1, targets.unsqueeze(1)).squeeze(1)             # [rows]
+        ranks = (lp > chosen.unsqueeze(1)).sum(dim=1) + 1
+        top_vals, top_ids = (torch.topk(lp, min(k, lp.shape[1]), dim=-1) if k > 0
+                             else (None, None))
+        for i in range(end - start):
+            pos = {int(targets[i]): Logprob(float(chosen[i]), int(ranks[i]),
+                                            self._decode(int(targets[i])))}
+            if k > 0:
+                for r, (tid, val) in enumerate(zip(top_ids[i].tolist(), top_vals[i].tolist())):
+                    pos.setdefault(tid, Logprob(val, r + 1, self._decode(tid)))
+            req.prompt_logprobs.append(pos)
+
+    def _position_logprobs(self, r: SampleResult) -> PositionLogprobs:
+        pos: PositionLogprobs = {r.token_id: Logprob(r.logprob, r.rank, self._decode(r.token_id))}
+        for rank, (tid, val) in enumerate(r.top or []):
+            pos.setdefault(tid, Logprob(val, rank + 1, self._decode(tid)))
+        return pos
+
+    def _decode(self, token_id: int) -> Optional[str]:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False) if self.tokenizer else None
+
+    # --- outputs ------------------------------------------------------------------------------
+    @staticmethod
+    def request_output(req: Request) -> RequestOutput:
+        """The request's current state as vLLM's RequestOutput.
+
+        With best_of > n, the n completions of highest cumulative logprob are returned once the
+        request has finished (all best_of samples while it runs).
+        """
+        seqs = list(req.seqs)
+        finished = req.finished
+        params = req.params
+        if finished and params.best_of > params.n:
+            seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)[: params.n]
+        want_cum = params.logprobs is not None or params.best_of > params.n
+        outputs = [
+            CompletionOutput(
+                index=s.index if not (finished and params.best_of > params.n) else rank,
+                text=s.output_text,
+                token_ids=s.token_ids[s.num_prompt_tokens:],
+                cumulative_logprob=s.cumulative_logprob if want_cum else None,
+                logprobs=list(s.output_logprobs) if s.output_logprobs is not None else None,
+                finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason,
+            )
+            for rank, s in enumerate(seqs)
+        ]
+        metrics = {"arrival_time": req.arrival_time}
+        if req.first_token_time is not None:
+            metrics["first_token_time"] = req.first_token_time
+        if req.finish_time is not None:
+            metrics["finish_time"] = req.finish_time
+        return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids),
+                             list(req.prompt_logprobs) if req.prompt_logprobs is not None else None,
+                             outputs, finished, metrics)

@@ -1,0 +1,173 @@
+"""LLM: the offline, vLLM-style entry point.
+
+    from pagedllm import LLM, SamplingParams
+    llm = LLM()                                   # the bundled default model
+    outs = llm.generate(["The list type"], SamplingParams(max_tokens=32))
+    print(outs[0].outputs[0].text)
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import List, Optional, Sequence as Seq, Union
+
+from pagedllm.config import EngineConfig
+from pagedllm.engine.llm_engine import LLMEngine, PromptType
+from pagedllm.outputs import BeamSearchOutput, RequestOutput
+from pagedllm.sampling_params import BeamSearchParams, SamplingParams
+
+
+def _as_list(prompts) -> list:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(p, int) for p in prompts):
+        raise ValueError("a prompt given as token ids must be wrapped: "
+                         "{'prompt_token_ids': [...]} (a bare list is read as several prompts)")
+    return prompts
+
+
+class LLM:
+    """A model plus a paged KV cache, generating for batches of prompts.
+
+    Args:
+        model: checkpoint directory (Hugging Face Llama layout); None = the bundled model.
+        block_size: tokens per KV block.
+        kv_cache_dtype: "auto", "fp16", "bf16", "fp8" / "fp8_e4m3", "fp8_e5m2".
+        kv_cache_memory_bytes: KV pool budget in bytes (default 2 GiB).
+        num_kv_blocks: exact pool size in blocks (overrides the byte budget).
+        max_num_seqs: most sequences per step.
+        max_num_batched_tokens: most tokens per step (default max(2048, max_num_seqs)).
+        max_model_len: longest prompt + output (default: the model's limit, capped by the pool).
+        enable_prefix_caching: reuse cached prefix blocks across requests.
+        seed: seed of the engine's sampler.
+        **kwargs: further EngineConfig fields (num_threads, watermark, k_scale, v_scale).
+    """
+
+    def __init__(self, model: Optional[str] = None, block_size: int = 16,
+                 kv_cache_dtype: str = "auto", kv_cache_memory_bytes: Optional[int] = None,
+                 num_kv_blocks: Optional[int] = None, max_num_seqs: int = 256,
+                 max_num_batched_tokens: Optional[int] = None, max_model_len: Optional[int] = None,
+                 enable_prefix_caching: bool = True, seed: int = 0, **kwargs):
+        config = kwargs.pop("config", None) or EngineConfig(
+            model=model, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
+            kv_cache_memory_bytes=kv_cache_memory_bytes, num_kv_blocks=num_kv_blocks,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching, seed=seed,
+            **kwargs)
+        self.engine = LLMEngine(config)
+        self._request_counter = itertools.count()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "LLM":
+        """An LLM built from a ready EngineConfig (e.g. EngineConfig.from_yaml)."""
+        return cls(config=config)
+
+    def get_tokenizer(self):
+        """The model's pagedllm.tokenizer.Tokenizer (None if the checkpoint has none)."""
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Union[PromptType, Seq[PromptType]],
+                 sampling_params: Union[SamplingParams, Seq[SamplingParams], None] = None,
+                 use_tqdm: bool = True) -> List[RequestOutput]:
+        """Generates completions for every prompt, batching them continuously.
+
+        Args:
+            prompts: a prompt or a list; each is text, {"prompt": text} or
+                {"prompt_token_ids": [...]}.
+            sampling_params: one SamplingParams for all, or one per prompt (default greedy-free
+                SamplingParams()).
+            use_tqdm: show a progress bar.
+        Returns:
+            One finished RequestOutput per prompt, in input order.
+        Raises:
+            ValueError: a prompt or parameter is invalid (nothing runs; the message names the
+                prompt's index).
+        """
+        plist = _as_list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(plist)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(plist):
+                raise ValueError(f"got {len(params)} SamplingParams for {len(plist)} prompts")
+        ids = self._add_all(plist, lambda rid, p, i: self.engine.add_request(rid, p, params[i]))
+        done = {}
+        bar = self._bar(len(ids), use_tqdm, "Generating")
+        try:
+            while len(done) < len(ids):
+                for out in self.engine.step():
+                    if out.finished and out.request_id in ids:
+                        done[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+                            toks = self.engine.num_generation_tokens
+                            bar.set_postfix(gen_tokens=toks, refresh=False)
+        except BaseException:
+            self.engine.abort_request(list(ids))
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [done[rid] for rid in ids]
+
+    def beam_search(self, prompts: Union[PromptType, Seq[PromptType]], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> List[BeamSearchOutput]:
+        """Beam search for every prompt; the beams share KV blocks through forks.
+
+        Args:
+            prompts: as for generate().
+            params: beam width, max_tokens, length penalty, ...
+            use_tqdm: show a progress bar.
+        Returns:
+            One BeamSearchOutput per prompt (best beam first), in input order.
+        """
+        plist = _as_list(prompts)
+        ids = self._add_all(plist, lambda rid, p, i: self.engine.add_beam_request(rid, p, params))
+        results = {}
+        bar = self._bar(len(ids), use_tqdm, "Beam search")
+        try:
+            while len(results) < len(ids):
+                self.engine.step()
+                for rid in ids:
+                    if rid not in results:
+                        res = self.engine.beam_search_result(rid)
+                        if res is not None:
+                            results[rid] = res
+                            if bar is not None:
+                                bar.update(1)
+        except BaseException:
+            self.engine.abort_request([r for r in ids if r not in results])
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [results[rid] for rid in ids]
+
+    def kv_cache_stats(self) -> dict:
+        """KV pool figures: num_blocks, block_size, used_blocks, cached_blocks, free_blocks,
+        peak_used_blocks, tokens_stored, slots_reserved, utilization, prefix_cache_queries,
+        prefix_cache_hits (tokens), num_preemptions, evictions, cow_copies, and more."""
+        return self.engine.kv_cache_stats()
+
+    def _add_all(self, prompts: list, add) -> List[str]:
+        ids: List[str] = []
+        try:
+            for i, p in enumerate(prompts):
+                rid = f"llm-{next(self._request_counter)}"
+                try:
+                    ids.append(add(rid, p, i))
+                except ValueError as e:
+                    raise ValueError(f"prompt {i}: {e}") from None
+        except BaseException:
+            self.engine.abort_request(ids)
+            raise
+        return ids
+
+    @staticmethod
+    def _bar(total: int, enabled: bool, desc: str):
+        if not enabled:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, unit="req", dynamic_ncols=True)
