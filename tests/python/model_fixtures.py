@@ -150,3 +150,56 @@ def make_prompts(vocab_size: int, lengths: Sequence[int] = PARITY_PROMPT_LENGTHS
 def blocks_needed(prompts: Sequence[Sequence[int]], max_new_tokens: int, block_size: int) -> int:
     """Pool blocks that keep every sequence of a batch resident to the end."""
     return sum(-(-(len(p) + max_new_tokens) // block_size) for p in prompts)
+
+
+# --- tokenizers for the tokenizer tests (built with the `tokenizers` library, no download) ---
+
+TOKENIZER_CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, hello there! the weather is nice today.",
+    "paged attention keeps the kv cache in blocks",
+] * 20
+
+
+def write_byte_level_tokenizer(path: str | os.PathLike) -> None:
+    """A GPT-2/Llama-3 style byte-level BPE (bos added by its post-processor): writes
+    tokenizer.json and tokenizer_config.json. Characters outside the corpus split into bytes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|begin|>", "<|end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(TOKENIZER_CORPUS, trainer)
+    bos = tk.token_to_id("<|begin|>")
+    tk.post_processor = processors.TemplateProcessing(single="<|begin|> $A",
+                                                      special_tokens=[("<|begin|>", bos)])
+    tk.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        f.write('{"bos_token": "<|begin|>", "eos_token": {"content": "<|end|>"}}')
+
+
+def write_sentencepiece_style_tokenizer(path: str | os.PathLike) -> None:
+    """A Llama-2 style tokenizer: "▁" word marks, byte fallback (<0xNN> tokens), no
+    post-processor (bos comes from add_bos_token in tokenizer_config.json)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for ch in "▁abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789,.!?'":
+        vocab[ch] = len(vocab)
+    merges = [("▁", "t"), ("h", "e"), ("▁t", "he"), ("l", "l"), ("e", "ll"), ("h", "ell"),
+              ("hell", "o"), ("▁", "hello")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True,
+                              fuse_unk=True))
+    tk.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tk.add_special_tokens(["<unk>", "<s>", "</s>"])
+    tk.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        f.write('{"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": true}')

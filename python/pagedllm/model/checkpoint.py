@@ -88,7 +88,7 @@ def write_random_checkpoint(path: Union[str, os.PathLike],
     """
     if dtype not in _FILE_DTYPES:
         raise ValueError(f"dtype {dtype}: expected one of {_FILE_DTYPES}")
-    config = random_config(preset, **overrides)
+    config = random_config(preset, **{"torch_dtype": str(dtype).removeprefix("torch."), **overrides})
     slots = expected_tensors(config)
     if not 1 <= num_shards <= len(slots):
         raise ValueError(f"num_shards = {num_shards}: expected 1..{len(slots)} (one tensor at least each)")

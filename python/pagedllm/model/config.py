@@ -222,7 +222,7 @@ class ModelConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         """A Hugging Face config.json dict (legacy rope keys, read by transformers 4.45+ and 5)."""
         eos: Any = list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0]
-        return {
+        d = {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
             "vocab_size": self.vocab_size,
@@ -246,8 +246,10 @@ class ModelConfig:
             "eos_token_id": eos if self.eos_token_ids else None,
             "pretraining_tp": 1,
             "use_cache": True,
-            "torch_dtype": self.checkpoint_dtype or "float32",
         }
+        if self.checkpoint_dtype is not None:
+            d["torch_dtype"] = self.checkpoint_dtype
+        return d
 
 
 def read_json(path: str) -> dict[str, Any]:
