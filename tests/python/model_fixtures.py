@@ -33,6 +33,7 @@ class _Seq:
     generated: list[int] = field(default_factory=list)
     rows: list[torch.Tensor] = field(default_factory=list)   # [q_len, vocab] per step
     first_position: int = 0                     # position of the first recorded logits row
+    forced: Optional[list[int]] = None          # tokens to emit instead of the argmax
 
     @property
     def prefilled(self) -> bool:
@@ -65,17 +66,21 @@ class PagedRunner:
         self.manager = _core.KVCacheManager(num_blocks, block_size, enable_prefix_caching)
         self.kv = PagedKVCache(config, num_blocks, block_size, kv_cache_dtype)
         self._next_id = 0
+        self.mixed_steps = 0  # steps that had both decode and prefill sequences
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 chunk_size: Optional[int] = None) -> RunResult:
+                 chunk_size: Optional[int] = None,
+                 forced: Optional[Sequence[Sequence[int]]] = None) -> RunResult:
         """Runs every prompt to `max_new_tokens` greedy tokens, all in one batch.
 
         chunk_size None prefills each prompt in one step; otherwise at most chunk_size prompt
         tokens per sequence per step, so short prompts decode while long ones still prefill.
+        forced: per prompt, the tokens to feed instead of the greedy ones (teacher forcing;
+        the logits are still those of the model).
         """
         seqs = []
-        for p in prompts:
-            s = _Seq(self._next_id, list(p))
+        for i, p in enumerate(prompts):
+            s = _Seq(self._next_id, list(p), forced=None if forced is None else list(forced[i]))
             self._next_id += 1
             cached = self.manager.allocate(s.seq_id, np.asarray(s.prompt, dtype=np.int32))
             s.num_computed = s.first_position = cached
@@ -93,6 +98,7 @@ class PagedRunner:
 
     def _step(self, decode: list[_Seq], prefill: list[_Seq], chunk_size: Optional[int]) -> None:
         batch = decode + prefill
+        self.mixed_steps += bool(decode and prefill)
         new_tokens: list[list[int]] = [[s.generated[-1]] for s in decode]
         for s in prefill:
             end = len(s.prompt) if chunk_size is None else min(len(s.prompt), s.num_computed + chunk_size)
@@ -123,7 +129,8 @@ class PagedRunner:
             s.rows.append(rows)
             s.num_computed += int(counts[i])
             if s.prefilled:
-                s.generated.append(int(rows[-1].argmax()))
+                greedy = s.forced[len(s.generated)] if s.forced else int(rows[-1].argmax())
+                s.generated.append(greedy)
 
 
 def load_hf(path: str | os.PathLike) -> torch.nn.Module:
