@@ -127,7 +127,12 @@ int64_t Tensor::numel() const {
 
 std::string Tensor::describe() const {
   std::ostringstream os;
-  os << dtype_name(dtype_) << "[";
+  if (dtype_ == DType::kOther) {
+    os << "dtype(code " << int(tensor_->dtype.code) << ", " << int(tensor_->dtype.bits)
+       << " bits)[";
+  } else {
+    os << dtype_name(dtype_) << "[";
+  }
   for (int i = 0; i < ndim(); ++i) os << (i ? ", " : "") << size(i);
   os << "] on " << device_name(tensor_->device.device_type);
   return os.str();
