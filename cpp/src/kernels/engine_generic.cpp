@@ -25,8 +25,9 @@ inline V8 vload(const float* p) {
 inline void vstore(float* p, V8 v) {
   for (int i = 0; i < 8; ++i) p[i] = v.x[i];
 }
+// a * b + c (two roundings: std::fma would be a slow library call without hardware FMA).
 inline V8 vfmadd(V8 a, V8 b, V8 c) {
-  for (int i = 0; i < 8; ++i) c.x[i] = std::fma(a.x[i], b.x[i], c.x[i]);
+  for (int i = 0; i < 8; ++i) c.x[i] += a.x[i] * b.x[i];
   return c;
 }
 inline V8 vadd(V8 a, V8 b) {
