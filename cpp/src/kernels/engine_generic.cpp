@@ -68,6 +68,17 @@ inline V8 vload_cache(const uint8_t* p) {
   return v;
 }
 
+template <CacheType CT>
+inline void vload_cache2(const uint8_t* p, V8* lo, V8* hi) {
+  *lo = vload_cache<CT>(p);
+  constexpr int kBytes = CT == CacheType::kFloat32                                 ? 4
+                         : (CT == CacheType::kFloat16 || CT == CacheType::kBFloat16) ? 2
+                                                                                     : 1;
+  *hi = vload_cache<CT>(p + 8 * kBytes);
+}
+
+constexpr float kE4M3ReadMul = 1.0f;  // exact table decode
+
 }  // namespace
 }  // namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS
 
@@ -76,7 +87,8 @@ inline V8 vload_cache(const uint8_t* p) {
 namespace pagedllm::kernels {
 
 const EngineOps& generic_engine() {
-  static const EngineOps ops{"generic", &PAGEDLLM_ENGINE_NS::attend_task};
+  static const EngineOps ops{"generic", &PAGEDLLM_ENGINE_NS::attend_task,
+                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul};
   return ops;
 }
 

@@ -6,7 +6,10 @@
 //   vzero() vset1(f) vload(const float*) vstore(float*, V8) vfmadd(a, b, c) = a * b + c
 //   vadd(a, b) vmul(a, b) vmax(a, b) vexp(V8) (exp(-inf) = 0) vhmax(V8) vhsum(V8)
 //   vsum8(const V8 a[8]) -> lane i = sum of the lanes of a[i]
-//   vload_cache<CacheType>(const uint8_t*) -> 8 cache elements as exact floats
+//   vload_cache<CacheType>(const uint8_t*) -> 8 cache elements as floats
+//   vload_cache2<CacheType>(const uint8_t*, V8* lo, V8* hi) -> 16 of them
+//   kE4M3ReadMul: what vload_cache multiplies an fp8 e4m3 value by (a power of two that the
+//   caller folds into the query and output scales; every other type reads exactly)
 // then includes this file, which adds attend_task() in the same namespaces. Everything has
 // internal linkage, so the two compilations never meet at link time (no ODR hazard), and this
 // file uses no standard-library code for the same reason.
@@ -62,12 +65,21 @@ void tile_scores(const float* q, int hd, const Chunk& c, int n, float (*s)[kChun
     for (int j = 0; j < TT; ++j) kp[j] = c.k[imin(t0 + j, n - 1)];  // tail: repeat, then drop
     V8 acc[kTile];
     for (int i = 0; i < kTile; ++i) acc[i] = vzero();
-    for (int d = 0; d < hd; d += 8) {
-      V8 kv[TT];
-      for (int j = 0; j < TT; ++j) kv[j] = vload_cache<CT>(kp[j] + d * es);
-      for (int r = 0; r < R; ++r) {
-        const V8 qv = vload(q + r * hd + d);
-        for (int j = 0; j < TT; ++j) acc[r * TT + j] = vfmadd(qv, kv[j], acc[r * TT + j]);
+    int d = 0;
+    for (; d + 16 <= hd; d += 16) {  // 16 elements per load: wide conversions
+      for (int j = 0; j < TT; ++j) {
+        V8 lo, hi;
+        vload_cache2<CT>(kp[j] + d * es, &lo, &hi);
+        for (int r = 0; r < R; ++r) {
+          acc[r * TT + j] = vfmadd(vload(q + r * hd + d), lo, acc[r * TT + j]);
+          acc[r * TT + j] = vfmadd(vload(q + r * hd + d + 8), hi, acc[r * TT + j]);
+        }
+      }
+    }
+    for (; d < hd; d += 8) {
+      for (int j = 0; j < TT; ++j) {
+        const V8 kv = vload_cache<CT>(kp[j] + d * es);
+        for (int r = 0; r < R; ++r) acc[r * TT + j] = vfmadd(vload(q + r * hd + d), kv, acc[r * TT + j]);
       }
     }
     alignas(32) float sums[kTile];
@@ -117,7 +129,12 @@ int tile_values(const Chunk& c, int n, float (*p)[kChunk], float* acc, int hd, i
       for (int cc = 0; cc < CC; ++cc) o[r * CC + cc] = vload(acc + r * hd + d + 8 * cc);
     for (int t = 0; t < n; ++t) {
       V8 vv[CC];
-      for (int cc = 0; cc < CC; ++cc) vv[cc] = vload_cache<CT>(c.v[t] + (d + 8 * cc) * es);
+      if constexpr (CC % 2 == 0) {
+        for (int cc = 0; cc < CC; cc += 2)
+          vload_cache2<CT>(c.v[t] + (d + 8 * cc) * es, &vv[cc], &vv[cc + 1]);
+      } else {
+        for (int cc = 0; cc < CC; ++cc) vv[cc] = vload_cache<CT>(c.v[t] + (d + 8 * cc) * es);
+      }
       for (int r = 0; r < R; ++r) {
         const V8 pr = vset1(p[r][t]);
         for (int cc = 0; cc < CC; ++cc) o[r * CC + cc] = vfmadd(pr, vv[cc], o[r * CC + cc]);
