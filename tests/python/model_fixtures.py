@@ -64,7 +64,7 @@ class PagedRunner:
                  enable_prefix_caching: bool = False) -> None:
         self.model = model
         self.manager = _core.KVCacheManager(num_blocks, block_size, enable_prefix_caching)
-        self.kv = PagedKVCache(config, num_blocks, block_size, kv_cache_dtype)
+        self.kv = PagedKVCache(config, num_blocks, block_size, kv_cache_dtype, dtype=model.dtype)
         self._next_id = 0
         self.mixed_steps = 0  # steps that had both decode and prefill sequences
 
