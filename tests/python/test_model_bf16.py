@@ -5,10 +5,14 @@ eager attention rounds scores and probabilities to bf16, so agreement is statist
 bounds it against transformers in bf16, on the same (teacher-forced) tokens.
 """
 
+import pytest
 import torch
 
 from model_fixtures import PARITY_PROMPT_LENGTHS, PagedRunner, blocks_needed, make_prompts
+from model_fixtures import torch_one_thread  # noqa: F401  (fixture)
 from pagedllm.model import load_model, write_random_checkpoint
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 STEPS = 33
 

@@ -3,7 +3,11 @@
 import pytest
 import torch
 
-from pagedllm.model import AttentionMetadata, PagedKVCache, load_model, random_config, write_random_checkpoint
+from model_fixtures import torch_one_thread  # noqa: F401  (fixture)
+from pagedllm.model import (AttentionMetadata, PagedKVCache, load_model, random_config,
+                            write_random_checkpoint)
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=96, vocab_size=128)

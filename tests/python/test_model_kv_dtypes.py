@@ -12,7 +12,10 @@ import torch
 
 import pagedllm.model.llama as llama
 from model_fixtures import PagedRunner, blocks_needed, make_prompts
+from model_fixtures import torch_one_thread  # noqa: F401  (fixture)
 from pagedllm.model import load_model, write_random_checkpoint
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 ROUND_THROUGH = {"fp16": torch.float16, "bf16": torch.bfloat16,
                  "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}

@@ -18,7 +18,10 @@ import torch
 
 from model_fixtures import (PARITY_PROMPT_LENGTHS, PagedRunner, blocks_needed, hf_logits, load_hf,
                             make_prompts)
+from model_fixtures import torch_one_thread  # noqa: F401  (fixture)
 from pagedllm.model import load_model, write_random_checkpoint
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 LOGIT_RTOL = 5e-5
 DECODE_STEPS = 64
