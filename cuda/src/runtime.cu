@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "cuda_check.h"
+#include "device_guard.h"
 #include "pagedllm/cuda/runtime.h"
 
 namespace pagedllm::cuda {
@@ -40,6 +42,37 @@ std::string driver_version() {
     return "";
   }
   return format_version(v);
+}
+
+namespace {
+
+void require_device(int index) {
+  const int n = device_count();
+  PAGEDLLM_CHECK_STATE(n > 0, "no CUDA device is available (no driver or no GPU)");
+  PAGEDLLM_CHECK_ARG(index >= 0 && index < n,
+                     "device " << index << " does not exist (" << n << " CUDA devices)");
+}
+
+}  // namespace
+
+void mem_get_info(int index, size_t* free_bytes, size_t* total_bytes) {
+  require_device(index);
+  detail::DeviceGuard guard(index);
+  PAGEDLLM_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+int compute_capability(int index) {
+  require_device(index);
+  int major = 0, minor = 0;
+  PAGEDLLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
+  PAGEDLLM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index));
+  return major * 10 + minor;
+}
+
+void synchronize_device(int index) {
+  require_device(index);
+  detail::DeviceGuard guard(index);
+  PAGEDLLM_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace pagedllm::cuda
