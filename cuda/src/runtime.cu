@@ -4,6 +4,7 @@
 
 #include "cuda_check.h"
 #include "device_guard.h"
+#include "pagedllm/cuda/kernels.h"
 #include "pagedllm/cuda/runtime.h"
 
 namespace pagedllm::cuda {
@@ -73,6 +74,31 @@ void synchronize_device(int index) {
   require_device(index);
   detail::DeviceGuard guard(index);
   PAGEDLLM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+bool is_pinned_host(const void* ptr) {
+  if (device_count() == 0 || ptr == nullptr) return false;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeHost;
+}
+
+void synchronize_stream(Stream stream) { PAGEDLLM_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+
+DeviceScope::DeviceScope(int device) {
+  require_device(device);
+  PAGEDLLM_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device) {
+    PAGEDLLM_CUDA_CHECK(cudaSetDevice(device));
+    changed_ = true;
+  }
+}
+
+DeviceScope::~DeviceScope() {
+  if (changed_) cudaSetDevice(previous_);
 }
 
 }  // namespace pagedllm::cuda

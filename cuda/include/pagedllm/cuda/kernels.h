@@ -64,6 +64,9 @@ void copy_blocks_device_pairs(const kernels::CopyBlocksParams& p, Stream stream)
 // Asynchronous on `stream`; pageable host memory makes the copies synchronous.
 void swap_blocks(const kernels::SwapBlocksParams& p, Stream stream);
 
+// Blocks until all work queued on `stream` (of the current device) has finished.
+void synchronize_stream(Stream stream);
+
 // Head dims the attention kernels are compiled for.
 bool attention_head_dim_supported(int head_dim);
 

@@ -21,5 +21,21 @@ void mem_get_info(int index, size_t* free_bytes, size_t* total_bytes);
 int compute_capability(int index);
 // Blocks until all work on device `index` has finished (throws on a CUDA error).
 void synchronize_device(int index);
+// Whether `ptr` is host memory the GPU can reach directly (pinned or registered); false for
+// pageable memory and device memory, and when no device is present.
+bool is_pinned_host(const void* ptr);
+
+// Makes `device` the calling thread's current CUDA device for a scope (throws without one).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
 
 }  // namespace pagedllm::cuda
