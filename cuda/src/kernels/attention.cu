@@ -20,8 +20,8 @@ namespace {
 __global__ void merge_kernel(const DecodeArgs a, int head_dim) {
   __shared__ float weight[kMaxParts];
   __shared__ float total;
-  const int head = blockIdx.x;
-  const int token = blockIdx.y;
+  const int token = blockIdx.x;
+  const int head = blockIdx.y;
   const int64_t slot0 = (static_cast<int64_t>(token) * a.num_heads + head) * a.num_parts;
   if (threadIdx.x == 0) {
     float m = -INFINITY;
@@ -206,7 +206,7 @@ void run_split_k(const kernels::AttentionParams& p, cudaStream_t stream, int ker
   }
   PAGEDLLM_DISPATCH_HEAD_DIM(hd, HD, dispatch_decode<HD>(p.cache.dtype, a, stream));
   if (a.num_parts > 1) {
-    merge_kernel<<<dim3(p.num_heads, p.num_tokens), 128, 0, stream>>>(a, hd);
+    merge_kernel<<<dim3(p.num_tokens, p.num_heads), 128, 0, stream>>>(a, hd);
     PAGEDLLM_CUDA_CHECK_LAUNCH("split-K merge kernel");
   }
 }

@@ -1,8 +1,8 @@
 // decode_kernel.cuh (internal) — the split-K paged-attention decode kernel, templated on the
 // storage type and the head dim. Included only by the decode_hd*.cu instantiation files.
 //
-// One thread block (128 threads) serves one (query token, KV head, <= 8 query heads of its GQA
-// group, partition of the context): K/V are read once for all those heads.
+// One thread block (128 threads) serves one (query token: grid x, KV head and <= 8 query heads
+// of its GQA group: grid y, partition of the context: grid z): K/V are read once for all those heads.
 //   * K/V tiles of kTile tokens are gathered from the paged cache into shared memory with
 //     16-byte cp.async copies (consecutive threads take consecutive 16 bytes of a row, so loads
 //     are coalesced whatever the block size), double buffered: tile i + 1 is in flight while
@@ -59,11 +59,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
   __shared__ int bad;
 
   const int tid = threadIdx.x;
-  const int kvh = blockIdx.x / a.head_chunks;
-  const int h0 = (blockIdx.x % a.head_chunks) * S::kHeads;
+  const int token = blockIdx.x;  // x: up to 2^31 - 1 query tokens
+  const int kvh = blockIdx.y / a.head_chunks;
+  const int h0 = (blockIdx.y % a.head_chunks) * S::kHeads;
   const int heads = min(S::kHeads, a.group - h0);
   const int head_base = kvh * a.group + h0;
-  const int token = blockIdx.y;
   const int part = blockIdx.z;
 
   // --- which sequence, and how many of its keys this query sees --------------------------
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
 template <CacheType CT, int HD>
 void launch_decode(const DecodeArgs& a, cudaStream_t stream) {
-  const dim3 grid(a.num_kv_heads * a.head_chunks, a.num_tokens, a.num_parts);
+  const dim3 grid(a.num_tokens, a.num_kv_heads * a.head_chunks, a.num_parts);
   decode_kernel<CT, HD><<<grid, kDecodeThreads, 0, stream>>>(a);
   PAGEDLLM_CUDA_CHECK_LAUNCH("paged attention decode kernel");
 }

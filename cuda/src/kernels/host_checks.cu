@@ -54,6 +54,8 @@ void check_attention(const kernels::AttentionParams& p, bool prefill) {
   PAGEDLLM_CHECK_ARG(p.num_heads >= 1 && p.num_heads % kvh == 0,
                      "num_heads (" << p.num_heads << ") must be a positive multiple of num_kv_heads ("
                                    << kvh << ")");
+  PAGEDLLM_CHECK_ARG(p.num_heads <= 65535, "num_heads " << p.num_heads
+                                                      << " exceeds the CUDA grid limit 65535");
   PAGEDLLM_CHECK_ARG(std::isfinite(p.scale), "scale must be finite, got " << p.scale);
   PAGEDLLM_CHECK_ARG(p.num_seqs >= 0 && p.num_tokens >= 0, "negative num_seqs or num_tokens");
   PAGEDLLM_CHECK_ARG(p.max_blocks_per_seq >= 0, "max_blocks_per_seq must be >= 0");
