@@ -254,6 +254,7 @@ def test_streams_order_swaps_with_compute():
     pool = torch.zeros(8, 4096, device="cuda")
     host = torch.zeros(8, 4096).pin_memory()
     big = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()  # the allocations above ran on the default stream
     with ops.cuda_stream(s.compute_stream):
         for _ in range(20):  # keep the compute stream busy so the copy must really wait
             big = big @ big.T / 4096.0
