@@ -6,6 +6,7 @@
 #   build.log      cmake configure + build (with ptxas resource usage of every kernel)
 #   tests.log      pytest output; junit.xml its machine-readable result
 #   bench.log      the benchmark table; bench.json its figures
+#   sanitizer.log  compute-sanitizer memcheck / racecheck of a few cases (when available)
 #   summary.txt    one line per step with its exit status
 # Budget: ~8 minutes on a 16-core H200 machine (build ~2-3 min, tests ~2 min, bench ~1-2 min);
 # each step has its own timeout and a failing step does not stop the later ones.
@@ -59,6 +60,23 @@ if [ "$build_ok" = 1 ]; then
   step tests 300 tests.log "$PY" -m pytest -q -rfEs -p no:cacheprovider \
     --junitxml="$OUT/junit.xml" tests/python/test_cuda_kernels.py tests/python/test_cuda_nogpu.py
   step bench 240 bench.log "$PY" benchmarks/gpu/bench_cuda_attention.py --out "$OUT/bench.json"
+  # Memory and shared-memory race checks of one case per kernel (Firecracker machines only).
+  if command -v compute-sanitizer >/dev/null; then
+    step memcheck 150 sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 \
+      "$PY" -m pytest -q -x -p no:cacheprovider \
+      "tests/python/test_cuda_kernels.py::test_decode_every_head_dim_and_dtype[f16-fp8-128]" \
+      "tests/python/test_cuda_kernels.py::test_decode_long_contexts_split_k[group1-lens1]" \
+      "tests/python/test_cuda_kernels.py::test_prefill_every_head_dim_and_dtype[g32x8-fp8-bf16-128]" \
+      "tests/python/test_cuda_kernels.py::test_prefill_every_head_dim_and_dtype[g7x1-auto-bf16-80]" \
+      "tests/python/test_cuda_kernels.py::test_prefill_every_head_dim_and_dtype[g64x1-auto-f32-64]" \
+      "tests/python/test_cuda_kernels.py::test_reshape_and_cache_matches_cpu_bit_for_bit[i64-f16-fp8]" \
+      "tests/python/test_cuda_kernels.py::test_copy_blocks_matches_torch" "tests/python/test_cuda_kernels.py::test_bad_block_id_raises_and_the_context_survives"
+    step racecheck 120 sanitizer.log compute-sanitizer --tool racecheck --error-exitcode 9 \
+      "$PY" -m pytest -q -x -p no:cacheprovider \
+      "tests/python/test_cuda_kernels.py::test_decode_every_head_dim_and_dtype[bf16-auto-128]" \
+      "tests/python/test_cuda_kernels.py::test_prefill_every_head_dim_and_dtype[g32x8-fp8-bf16-256]" \
+      "tests/python/test_cuda_kernels.py::test_prefill_every_head_dim_and_dtype[g8x8-auto-f16-96]"
+  fi
   step cpu_kernel_tests 150 tests.log "$PY" -m pytest -q -x -p no:cacheprovider \
     tests/python/test_kernels_attention.py
 fi

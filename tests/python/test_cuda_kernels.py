@@ -26,9 +26,22 @@ HEAD_DIMS = [64, 80, 96, 128, 256]
 BLOCK_SIZES = [1, 2, 8, 16, 32, 64, 256]
 KV_DTYPES = ["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 ACT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ACT_IDS = ["f32", "f16", "bf16"]
 # (num_heads, num_kv_heads): MHA, GQA 4 / 8 / 12 (two head chunks), MQA up to 72 (72 > 64 rows:
 # prefill falls back to the split-K kernel).
 GROUPS = [(8, 8), (8, 2), (32, 4), (16, 2), (8, 1), (32, 1), (24, 2), (64, 1), (72, 1)]
+
+
+@pytest.fixture(autouse=True)
+def stop_if_the_context_breaks(request):
+    """A kernel fault leaves the CUDA context unusable for every later test: stop the run at
+    the first one, naming the test that broke it."""
+    yield
+    if "gpu" in request.keywords and torch.cuda.is_available():
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError as e:  # pragma: no cover - only on a kernel fault
+            pytest.exit(f"the CUDA context broke during {request.node.nodeid}: {e}", returncode=3)
 
 
 @pytest.fixture
@@ -99,7 +112,7 @@ def test_decode_random_matrix(cuda_backend, seed):
 @gpu
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8", "fp8_e5m2"])
-@pytest.mark.parametrize("act", ACT_DTYPES)
+@pytest.mark.parametrize("act", ACT_DTYPES, ids=ACT_IDS)
 def test_decode_every_head_dim_and_dtype(cuda_backend, head_dim, kv_dtype, act):
     gen = torch.Generator().manual_seed(head_dim)
     k_scale, v_scale = (2.0, 0.5) if kv_dtype.startswith("fp8") else (1.0, 1.0)
@@ -148,8 +161,11 @@ def test_prefill_random_matrix(cuda_backend, seed):
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("kv_dtype,act", [("auto", torch.float16), ("auto", torch.bfloat16),
                                           ("auto", torch.float32), ("fp8", torch.bfloat16),
-                                          ("fp8_e5m2", torch.float16), ("bf16", torch.float32)])
-@pytest.mark.parametrize("group", [(8, 8), (32, 8), (7, 1), (64, 1)])
+                                          ("fp8_e5m2", torch.float16), ("bf16", torch.float32)],
+                         ids=["auto-f16", "auto-bf16", "auto-f32", "fp8-bf16", "fp8_e5m2-f16",
+                              "bf16-f32"])
+@pytest.mark.parametrize("group", [(8, 8), (32, 8), (7, 1), (64, 1)],
+                         ids=["g8x8", "g32x8", "g7x1", "g64x1"])
 def test_prefill_every_head_dim_and_dtype(cuda_backend, head_dim, kv_dtype, act, group):
     gen = torch.Generator().manual_seed(head_dim + group[0])
     k_scale, v_scale = (1.5, 0.75) if kv_dtype.startswith("fp8") else (1.0, 1.0)
@@ -168,8 +184,8 @@ def test_prefill_long_prompt(cuda_backend):
 
 @gpu
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
-@pytest.mark.parametrize("act", ACT_DTYPES)
-@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("act", ACT_DTYPES, ids=ACT_IDS)
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64], ids=["i32", "i64"])
 def test_reshape_and_cache_matches_cpu_bit_for_bit(kv_dtype, act, slot_dtype):
     gen = torch.Generator().manual_seed(3)
     num_blocks, kvh, bs, hd = 6, 2, 16, 80
