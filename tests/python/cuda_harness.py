@@ -96,12 +96,13 @@ def run_decode(backend: Backend, gen, lens, heads, kvh, head_dim, block_size, kv
                        pool_layers=pool_layers)
     n = len(lens)
     if strided_query:  # a slice of a fused qkv projection: token stride > heads * head_dim
-        q_cpu = torch.randn((n, heads + 2 * kvh, head_dim), generator=gen).to(act)[:, :heads]
+        qkv = torch.randn((n, heads + 2 * kvh, head_dim), generator=gen).to(act)
+        q_cpu, q = qkv[:, :heads], qkv.to(backend.device)[:, :heads]
     else:
         q_cpu = torch.randn((n, heads, head_dim), generator=gen).to(act)
+        q = q_cpu.to(backend.device)
     scale = 1.0 / math.sqrt(head_dim)
     kc, vc = place_caches(kv, backend.device, pool_layers)
-    q = q_cpu.to(backend.device)
     out = torch.full((n, heads, head_dim), float("nan"), dtype=act, device=backend.device)
     backend.mod.paged_attention_decode(out, q, kc, vc, kv.block_tables.to(backend.device),
                                        kv.context_lens.to(backend.device), scale, kv_dtype,
