@@ -146,10 +146,10 @@ k::AttentionParams attention_params(const Tensor& out, const Tensor& q, const Te
   out.require_writable();
   PAGEDLLM_CHECK_ARG(out.size(0) == q.size(0), "out has " << out.size(0) << " tokens but query has "
                                                           << q.size(0));
+  p.dtype = activation_type(q);
   PAGEDLLM_CHECK_ARG(out.dtype() == q.dtype(), "out is " << dtype_name(out.dtype())
                                                          << " but query is "
                                                          << dtype_name(q.dtype()));
-  p.dtype = activation_type(q);
   p.query = q.data();
   p.query_token_stride = q.stride(0);
   p.query_head_stride = q.stride(1);
@@ -223,10 +223,10 @@ void reshape_and_cache(py::handle key, py::handle value, py::handle key_cache,
   PAGEDLLM_CHECK_ARG(kt.size(0) == vt.size(0), "key has " << kt.size(0)
                                                           << " tokens but value has "
                                                           << vt.size(0));
+  p.dtype = activation_type(kt);
   PAGEDLLM_CHECK_ARG(kt.dtype() == vt.dtype(), "key is " << dtype_name(kt.dtype())
                                                          << " but value is "
                                                          << dtype_name(vt.dtype()));
-  p.dtype = activation_type(kt);
   p.key = kt.data();
   p.value = vt.data();
   p.key_token_stride = kt.stride(0);
