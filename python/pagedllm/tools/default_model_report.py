@@ -90,7 +90,7 @@ def write_report(out_dir: str, *, args, argv, data, num_params, history, exporte
         f"Seed {args.seed}; {args.steps} steps of {args.batch_size} x {args.seq_len} tokens; AdamW "
         f"(betas 0.9/0.95, weight decay {args.weight_decay} on matrices), peak lr {args.lr}, "
         f"{args.warmup} warmup steps, cosine decay to lr/10, gradient clipping at 1.0; float32 "
-        f"training with {args.threads} torch threads, weights stored as bfloat16.",
+        f"training (torch threads: {args.threads}), weights stored as bfloat16.",
         "",
         f"Environment: {_versions()}.",
         f"Training took {train_minutes:.1f} min; the whole run (data, tokenizer, training, export, "
