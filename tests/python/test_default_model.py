@@ -114,7 +114,12 @@ def test_weights_match_config(model_dir, config):
 
 @pytest.mark.parametrize(
     "text",
-    ["The list type", "def f(x):\n\treturn x ** 2  # square\n", "Unicode: é, ß, 漢字, 🙂", "  leading and trailing  "],
+    [
+        "The list type",
+        "def f(x):\n\treturn x ** 2  # square\n",
+        "Unicode: é, ß, 漢字, 🙂",
+        "  leading and trailing  ",
+    ],
 )
 def test_tokenizer_round_trips_text(tokenizer, text):
     ids = tokenizer.encode(text).ids
@@ -138,7 +143,8 @@ def test_transformers_tokenizer_and_chat_template_agree(model_dir, tokenizer):
 
     hf_tok = AutoTokenizer.from_pretrained(model_dir)
     assert hf_tok("The list type")["input_ids"] == tokenizer.encode("The list type").ids
-    chat = hf_tok.apply_chat_template([{"role": "user", "content": "What is a list?"}], tokenize=False, add_generation_prompt=True)
+    messages = [{"role": "user", "content": "What is a list?"}]
+    chat = hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert chat == "<|bos|>User: What is a list?\n\nAssistant:"
 
 
@@ -159,7 +165,7 @@ def test_heldout_python_docs_loss_is_low(hf_model, tokenizer):
     assert heldout, "no pydoc topic falls in the validation split"
     ids = tokenizer.encode("\n".join(heldout)).ids[:HELDOUT_TOKENS]
     assert len(ids) == HELDOUT_TOKENS
-    input_ids = torch.tensor(ids).view(-1, HELDOUT_WINDOW)  # [HELDOUT_TOKENS / HELDOUT_WINDOW, HELDOUT_WINDOW]
+    input_ids = torch.tensor(ids).view(-1, HELDOUT_WINDOW)  # [num_windows, HELDOUT_WINDOW]
     with torch.no_grad():
         logits = hf_model(input_ids=input_ids).logits  # [windows, HELDOUT_WINDOW, vocab]
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), input_ids[:, 1:].flatten()).item()

@@ -12,6 +12,10 @@ import platform
 import sys
 
 
+# How each sample continuation is drawn (transformers generate() arguments).
+SAMPLING = {"greedy": {"do_sample": False}, "top_p": {"do_sample": True, "temperature": 0.8, "top_p": 0.95}}
+
+
 def evaluate_export(out_dir: str, eval_sets: dict, args: argparse.Namespace, prompts) -> dict:
     """Loads ``out_dir`` with transformers; returns its losses and sample continuations.
 
@@ -39,7 +43,7 @@ def evaluate_export(out_dir: str, eval_sets: dict, args: argparse.Namespace, pro
         for prompt in prompts:
             input_ids = torch.tensor([tokenizer.encode(prompt).ids])  # [1, prompt_len], <|bos|> first
             row = {"prompt": prompt}
-            for name, kwargs in (("greedy", {"do_sample": False}), ("top_p", {"do_sample": True, "temperature": 0.8, "top_p": 0.95})):
+            for name, kwargs in SAMPLING.items():
                 torch.manual_seed(args.seed)
                 with torch.no_grad():
                     out = model.generate(input_ids, max_new_tokens=48, **kwargs)  # [1, prompt_len + new]
@@ -122,7 +126,8 @@ def write_report(out_dir: str, *, args, argv, data, num_params, history, exporte
         "| step | minutes | batch | train | validation |",
         "|---:|---:|---:|---:|---:|",
         *[
-            f"| {h['step']} | {h['minutes']:.1f} | {h['batch_loss']:.3f} | {h['train_loss']:.3f} | {h['val_loss']:.3f} |"
+            f"| {h['step']} | {h['minutes']:.1f} | {h['batch_loss']:.3f} "
+            f"| {h['train_loss']:.3f} | {h['val_loss']:.3f} |"
             for h in history
         ],
         "",

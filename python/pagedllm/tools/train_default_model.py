@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # The model shape. head_dim 32 and 8 query heads over 4 KV heads (GQA) exercise the kernels.
 MODEL_SHAPE = {
@@ -38,10 +41,12 @@ SAMPLE_PROMPTS = ("The list type", "A dictionary", "The for statement")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pagedllm.tools.train_default_model", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m pagedllm.tools.train_default_model", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--out", default="default_model_out", help="output directory (default: %(default)s)")
     p.add_argument("--steps", type=int, default=800, help="optimizer steps (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=1234, help="seed for weights, batches and samples (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=1234, help="seed of weights, batches, samples (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=512, help="tokens per sequence (default: %(default)s)")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default: %(default)s)")
@@ -60,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def encode_documents(tokenizer, docs) -> "torch.Tensor":
+def encode_documents(tokenizer, docs) -> torch.Tensor:
     """Returns one stream of ids: ``<|bos|> doc <|eos|>`` for each document, in order. Shape: [n]."""
     import torch
 
