@@ -71,3 +71,44 @@ class KVCacheManager:
     def stats(self) -> dict[str, Union[int, float]]: ...
 
 # --- CPU kernels (appended by the kernels work) -------------------------------------------
+
+# Tensors: anything with __dlpack__ on the CPU (torch.Tensor, numpy.ndarray), borrowed
+# zero-copy. Activations float32 / float16 / bfloat16; caches
+# [num_blocks, num_kv_heads, block_size, head_dim] with contiguous inner dims (the block dim may
+# have any stride); fp8 caches uint8 (or torch.float8_e4m3fn / float8_e5m2). kv_cache_dtype:
+# "auto" (the cache tensor's dtype), "fp16", "bf16", "fp32", "fp8" / "fp8_e4m3", "fp8_e5m2".
+# Bad input raises ValueError (IndexError for an id outside the pool) before anything is written.
+Tensor = Any
+
+def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                      slot_mapping: Tensor, kv_cache_dtype: str = "auto", k_scale: float = 1.0,
+                      v_scale: float = 1.0) -> None:
+    """key/value: [num_tokens, num_kv_heads, head_dim]; slot_mapping: [num_tokens] int32/int64,
+    slot = block * block_size + offset, -1 skips the token. fp8 stores x / scale, saturated."""
+def paged_attention_decode(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor,
+                           block_tables: Tensor, context_lens: Tensor, scale: float,
+                           kv_cache_dtype: str = "auto", k_scale: float = 1.0,
+                           v_scale: float = 1.0) -> None:
+    """query/out: [num_seqs, num_heads, head_dim] (last dim contiguous, other strides free);
+    block_tables: [num_seqs, max_blocks] int32; context_lens: [num_seqs] int32 (0 -> zeros)."""
+def paged_attention_prefill(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor,
+                            block_tables: Tensor, cu_seqlens_q: Tensor, context_lens: Tensor,
+                            scale: float, kv_cache_dtype: str = "auto", k_scale: float = 1.0,
+                            v_scale: float = 1.0) -> None:
+    """query/out: [num_tokens, num_heads, head_dim], the new tokens of each sequence packed;
+    cu_seqlens_q: [num_seqs + 1] int32. Query token i of a sequence with context length L and
+    q_len Q is at position L - Q + i and attends keys 0 .. L - Q + i."""
+def copy_blocks(caches: Sequence[Tensor], block_mapping: Tensor) -> None:
+    """Copies block src -> dst (block_mapping int32/int64 [k, 2]) in every tensor of caches
+    (first dim blocks). Destinations must be distinct and not also sources."""
+def swap_blocks(src: Tensor, dst: Tensor, block_mapping: Tensor) -> None:
+    """Copies block src of `src` to block dst of `dst` for each (src, dst) row of block_mapping."""
+def set_num_threads(n: int) -> None:
+    """Size of the kernel thread pool (default: CPUs available, or PAGEDLLM_NUM_THREADS)."""
+def get_num_threads() -> int: ...
+def stream_read_sum(x: Tensor) -> float:
+    """Sum of a contiguous float32 tensor, read once by all pool threads (bandwidth probe)."""
+def cpu_kernel() -> str:
+    """The attention kernel variant in use: "avx2" or "generic"."""
+def force_generic_kernels(on: bool) -> None:
+    """Forces the portable kernel (tests, benchmarks) or restores the best one (False)."""

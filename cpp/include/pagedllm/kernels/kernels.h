@@ -1,0 +1,59 @@
+// pagedllm/kernels/kernels.h — the CPU kernels of the paged KV cache (vLLM's conventions).
+//
+// Each entry point validates its params (ids inside the pool, lengths inside the tables,
+// supported sizes) and throws pagedllm::Error before writing anything when they are wrong; it
+// cannot check that the pointers cover the memory the sizes describe: that is the caller's
+// contract (the Python binding derives both from the same tensors).
+// Work runs on the kernel thread pool (thread_pool.h); the calls block until done.
+// Limits: head_dim a multiple of 8 in [8, 512]; block_size in [1, 256]; num_heads a multiple
+// of num_kv_heads. Accumulation is float32 whatever the storage type.
+// Thread-safety: concurrent calls are safe when they write disjoint memory; the pool runs one
+// call's work at a time.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "pagedllm/kernels/params.h"
+
+namespace pagedllm::kernels {
+
+// Writes key/value token t into slot slot_mapping[t] of the caches (slot -1: skipped),
+// converting to the cache's storage type (fp8: divided by k_scale / v_scale, saturated).
+void reshape_and_cache(const ReshapeAndCacheParams& p);
+
+// out[s] = softmax(scale * q[s] K^T) V over the context_lens[s] cached tokens of sequence s;
+// one query token per sequence. A context length of 0 gives an output of zeros.
+void paged_attention_decode(const AttentionParams& p);
+
+// Causal attention of the packed new tokens of each sequence over all of its context (cached
+// blocks plus its own new tokens, which must already be in the cache).
+void paged_attention_prefill(const AttentionParams& p);
+
+// Copies block src to block dst in every pool. Destinations must be distinct and must not also
+// be sources (so the pairs can run in parallel).
+void copy_blocks(const CopyBlocksParams& p);
+
+// Copies block src of p.src to block dst of p.dst for every pair; blocks must be the same size.
+void swap_blocks(const SwapBlocksParams& p);
+
+// Sums n floats reading them once with all pool threads (a memory read-bandwidth probe).
+double stream_read_sum(const float* data, int64_t n);
+
+// Parses a vLLM kv_cache_dtype name ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2",
+// also "float16", "half", "bfloat16", "float32") into a storage type. "auto" returns false
+// (the storage type is then the cache tensor's own); an unknown name throws.
+bool parse_kv_cache_dtype(const std::string& name, CacheType* out);
+
+// Names of a storage type and an activation type ("fp8_e4m3", "bfloat16", ...).
+const char* cache_type_name(CacheType t);
+const char* scalar_type_name(ScalarType t);
+
+// The kernel variant the calls dispatch to on this CPU: "avx2" or "generic".
+std::string active_cpu_kernel();
+
+// Forces the portable kernels (true) or the best the CPU supports (false); for tests and
+// benchmarks comparing the two.
+void force_generic_kernels(bool on);
+
+}  // namespace pagedllm::kernels

@@ -1,0 +1,261 @@
+// paged_attention_decode / paged_attention_prefill: validate, cut the work into engine tasks
+// (one KV head of one sequence each, so a GQA group shares one read of K/V), run them on the
+// thread pool, merge split-K partitions, write the outputs.
+//
+// Decode: tasks are (sequence, kv head, partition). When there are fewer (sequence, kv head)
+// pairs than ~4 tasks per thread, each context is split into partitions of >= kMinPartition
+// tokens (flash-decoding), whose partial (max, sum, acc) are merged afterwards, so a single
+// long sequence still uses every core.
+// Prefill: tasks are (sequence, kv head, tile of query tokens); rows are token-major so a
+// register tile holds consecutive tokens of the group and their causal limits stay close.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "engine.h"
+#include "pagedllm/build_info.h"
+#include "pagedllm/kernels/convert.h"
+#include "pagedllm/kernels/kernels.h"
+#include "pagedllm/kernels/thread_pool.h"
+#include "validate.h"
+
+namespace pagedllm::kernels {
+namespace {
+
+constexpr int kMinPartition = 256;  // tokens: smaller partitions cost more to merge than save
+constexpr int kPrefillRows = 64;    // query rows (tokens x GQA group) per prefill task
+
+std::atomic<bool> g_force_generic{false};
+
+const EngineOps& engine() {
+#ifdef PAGEDLLM_HAVE_AVX2_KERNELS
+  const CpuFeatures& f = cpu_features();
+  if (!g_force_generic.load(std::memory_order_relaxed) && f.avx2 && f.fma && f.f16c) {
+    return avx2_engine();
+  }
+#endif
+  return generic_engine();
+}
+
+bool is_fp8(CacheType t) { return t == CacheType::kFp8E4M3 || t == CacheType::kFp8E5M2; }
+
+// Per-thread buffers of one task (reused across calls).
+struct Scratch {
+  std::vector<float> q, acc, row_max, row_sum;
+  std::vector<int32_t> limit;
+  void resize(int rows, int hd) {
+    q.resize(static_cast<size_t>(rows) * hd);
+    acc.assign(static_cast<size_t>(rows) * hd, 0.0f);
+    row_max.assign(static_cast<size_t>(rows), -INFINITY);
+    row_sum.assign(static_cast<size_t>(rows), 0.0f);
+    limit.resize(static_cast<size_t>(rows));
+  }
+};
+thread_local Scratch t_scratch;
+
+// q rows of heads [head0, head0 + count) of query token `token`, times `mul`, as float32.
+void load_query(const AttentionParams& p, int token, int head0, int count, float mul, float* dst) {
+  const int hd = p.cache.head_dim;
+  const int es = element_size(p.dtype);
+  for (int g = 0; g < count; ++g) {
+    const auto* src = static_cast<const char*>(p.query) +
+                      (token * p.query_token_stride + (head0 + g) * p.query_head_stride) * es;
+    for (int d = 0; d < hd; ++d) dst[g * hd + d] = load_scalar(src, p.dtype, d) * mul;
+  }
+}
+
+// out[token, head] = acc * mul.
+void store_out(const AttentionParams& p, int token, int head, const float* acc, float mul) {
+  const int hd = p.cache.head_dim;
+  auto* dst = static_cast<char*>(p.out) +
+              (token * p.out_token_stride + head * p.out_head_stride) * element_size(p.dtype);
+  for (int d = 0; d < hd; ++d) store_scalar(dst, p.dtype, d, acc[d] * mul);
+}
+
+// The engine task for `rows` query rows of KV head `kvh` of sequence `seq`.
+AttendTask make_task(const AttentionParams& p, int seq, int kvh, const float* q, int rows) {
+  const KVCacheParams& c = p.cache;
+  const int es = element_size(c.dtype);
+  const int64_t head_elems = static_cast<int64_t>(c.block_size) * c.head_dim;
+  AttendTask t;
+  t.q = q;
+  t.num_rows = rows;
+  t.key_head = static_cast<const uint8_t*>(c.key_cache) + kvh * head_elems * es;
+  t.value_head = static_cast<const uint8_t*>(c.value_cache) + kvh * head_elems * es;
+  t.key_block_stride_bytes = c.key_block_stride * es;
+  t.value_block_stride_bytes = c.value_block_stride * es;
+  t.block_table = p.block_tables + static_cast<int64_t>(seq) * p.block_table_stride;
+  t.block_size = c.block_size;
+  t.head_dim = c.head_dim;
+  t.cache_dtype = c.dtype;
+  return t;
+}
+
+float query_mul(const AttentionParams& p) {
+  return p.scale * (is_fp8(p.cache.dtype) ? p.cache.k_scale : 1.0f);
+}
+float value_mul(const AttentionParams& p) { return is_fp8(p.cache.dtype) ? p.cache.v_scale : 1.0f; }
+
+// Partition length (tokens) for decode: the whole context unless that leaves threads idle.
+int decode_partition_len(const AttentionParams& p, int max_len) {
+  const int64_t pairs = static_cast<int64_t>(p.num_seqs) * p.cache.num_kv_heads;
+  const int64_t wanted = 4 * static_cast<int64_t>(get_num_threads());
+  if (pairs >= wanted || max_len <= kMinPartition) return std::max(max_len, 1);
+  const int64_t parts = (wanted + pairs - 1) / pairs;
+  int64_t len = (max_len + parts - 1) / parts;
+  len = std::max<int64_t>(kMinPartition, (len + 63) / 64 * 64);
+  return static_cast<int>(len);
+}
+
+}  // namespace
+
+void paged_attention_decode(const AttentionParams& p) {
+  validate_attention(p, /*prefill=*/false);
+  if (p.num_seqs == 0) return;
+  const EngineOps& ops = engine();
+  const int kvh_count = p.cache.num_kv_heads;
+  const int group = p.num_heads / kvh_count;
+  const int hd = p.cache.head_dim;
+  const int max_len = *std::max_element(p.context_lens, p.context_lens + p.num_seqs);
+  const int part_len = decode_partition_len(p, max_len);
+  const int parts = std::max(1, (max_len + part_len - 1) / part_len);
+  const float qmul = query_mul(p);
+  const float vmul = value_mul(p);
+
+  // Split-K partials: [num_seqs, kv heads, parts, group] x (max, sum, acc[hd]).
+  const int64_t num_partials = static_cast<int64_t>(p.num_seqs) * kvh_count * parts * group;
+  std::vector<float> part_max, part_sum, part_acc;
+  if (parts > 1) {
+    part_max.assign(num_partials, -INFINITY);
+    part_sum.assign(num_partials, 0.0f);
+    part_acc.assign(num_partials * hd, 0.0f);
+  }
+
+  const int64_t num_tasks = static_cast<int64_t>(p.num_seqs) * kvh_count * parts;
+  parallel_for(num_tasks, [&](int64_t i, int) {
+    const int part = static_cast<int>(i % parts);
+    const int kvh = static_cast<int>((i / parts) % kvh_count);
+    const int seq = static_cast<int>(i / parts / kvh_count);
+    const int len = p.context_lens[seq];
+    const int begin = part * part_len;
+    if (begin >= len && !(part == 0 && parts == 1)) return;  // empty partition
+    Scratch& s = t_scratch;
+    s.resize(group, hd);
+    load_query(p, seq, kvh * group, group, qmul, s.q.data());
+    std::fill(s.limit.begin(), s.limit.end(), len);
+    AttendTask t = make_task(p, seq, kvh, s.q.data(), group);
+    t.row_limit = s.limit.data();
+    t.token_begin = begin;
+    t.token_end = std::min(len, begin + part_len);
+    if (parts == 1) {
+      t.acc = s.acc.data();
+      t.row_max = s.row_max.data();
+      t.row_sum = s.row_sum.data();
+      ops.attend(t);
+      for (int g = 0; g < group; ++g) {
+        const float l = s.row_sum[g];
+        store_out(p, seq, kvh * group + g, s.acc.data() + g * hd, l > 0.0f ? vmul / l : 0.0f);
+      }
+      return;
+    }
+    const int64_t base = i * group;  // partials are laid out in task order
+    t.acc = part_acc.data() + base * hd;
+    t.row_max = part_max.data() + base;
+    t.row_sum = part_sum.data() + base;
+    ops.attend(t);
+  });
+  if (parts == 1) return;
+
+  // Merge: out = sum_j acc_j e^(m_j - m) / sum_j l_j e^(m_j - m), m = max_j m_j.
+  parallel_for(static_cast<int64_t>(p.num_seqs) * kvh_count, [&](int64_t pair, int) {
+    const int seq = static_cast<int>(pair / kvh_count);
+    const int kvh = static_cast<int>(pair % kvh_count);
+    std::vector<float>& merged = t_scratch.acc;
+    merged.assign(hd, 0.0f);
+    for (int g = 0; g < group; ++g) {
+      float m = -INFINITY;
+      for (int j = 0; j < parts; ++j) m = std::max(m, part_max[(pair * parts + j) * group + g]);
+      std::fill(merged.begin(), merged.end(), 0.0f);
+      float l = 0.0f;
+      for (int j = 0; j < parts && m != -INFINITY; ++j) {
+        const int64_t k = (pair * parts + j) * group + g;
+        if (part_sum[k] == 0.0f) continue;
+        const float w = std::exp(part_max[k] - m);
+        l += part_sum[k] * w;
+        const float* a = part_acc.data() + k * hd;
+        for (int d = 0; d < hd; ++d) merged[d] += a[d] * w;
+      }
+      store_out(p, seq, kvh * group + g, merged.data(), l > 0.0f ? vmul / l : 0.0f);
+    }
+  });
+}
+
+void paged_attention_prefill(const AttentionParams& p) {
+  validate_attention(p, /*prefill=*/true);
+  if (p.num_tokens == 0) return;
+  const EngineOps& ops = engine();
+  const int kvh_count = p.cache.num_kv_heads;
+  const int group = p.num_heads / kvh_count;
+  const int hd = p.cache.head_dim;
+  const int tile_tokens = std::max(1, kPrefillRows / group);
+  const float qmul = query_mul(p);
+  const float vmul = value_mul(p);
+
+  // Tasks: (sequence, first query token of the tile), the deepest tiles first so the costly
+  // ones start early; each runs for every KV head.
+  struct Tile {
+    int seq, first;
+  };
+  std::vector<Tile> tiles;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int q_len = p.cu_seqlens_q[s + 1] - p.cu_seqlens_q[s];
+    for (int i = 0; i < q_len; i += tile_tokens) tiles.push_back({s, i});
+  }
+  std::stable_sort(tiles.begin(), tiles.end(), [&](const Tile& a, const Tile& b) {
+    const auto depth = [&](const Tile& t) {
+      const int q_len = p.cu_seqlens_q[t.seq + 1] - p.cu_seqlens_q[t.seq];
+      return p.context_lens[t.seq] - q_len + t.first;
+    };
+    return depth(a) > depth(b);
+  });
+
+  parallel_for(static_cast<int64_t>(tiles.size()) * kvh_count, [&](int64_t i, int) {
+    const Tile& tile = tiles[i / kvh_count];
+    const int kvh = static_cast<int>(i % kvh_count);
+    const int len = p.context_lens[tile.seq];
+    const int q0 = p.cu_seqlens_q[tile.seq];
+    const int q_len = p.cu_seqlens_q[tile.seq + 1] - q0;
+    const int tokens = std::min(tile_tokens, q_len - tile.first);
+    const int rows = tokens * group;
+    Scratch& s = t_scratch;
+    s.resize(rows, hd);
+    for (int k = 0; k < tokens; ++k) {
+      const int i_tok = tile.first + k;
+      load_query(p, q0 + i_tok, kvh * group, group, qmul, s.q.data() + k * group * hd);
+      for (int g = 0; g < group; ++g) s.limit[k * group + g] = len - q_len + i_tok + 1;
+    }
+    AttendTask t = make_task(p, tile.seq, kvh, s.q.data(), rows);
+    t.row_limit = s.limit.data();
+    t.token_begin = 0;
+    t.token_end = len;
+    t.acc = s.acc.data();
+    t.row_max = s.row_max.data();
+    t.row_sum = s.row_sum.data();
+    ops.attend(t);
+    for (int k = 0; k < tokens; ++k) {
+      for (int g = 0; g < group; ++g) {
+        const int r = k * group + g;
+        const float l = s.row_sum[r];
+        store_out(p, q0 + tile.first + k, kvh * group + g, s.acc.data() + r * hd,
+                  l > 0.0f ? vmul / l : 0.0f);
+      }
+    }
+  });
+}
+
+std::string active_cpu_kernel() { return engine().name; }
+
+void force_generic_kernels(bool on) { g_force_generic.store(on, std::memory_order_relaxed); }
+
+}  // namespace pagedllm::kernels

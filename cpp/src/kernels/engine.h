@@ -1,0 +1,50 @@
+// engine.h (internal) — the attention inner loop, compiled once per instruction set.
+//
+// An AttendTask is a set of float32 query rows (already scaled) that share one KV head of one
+// sequence, each with its own causal limit, attended over a token range of that sequence's
+// paged K/V with an online softmax. The state (running max, running sum, unnormalised output
+// row) lives in caller memory, so a task can be one partition of a long sequence (split-K) and
+// the caller merges the partitions. The engine reads only tokens below max(row_limit) within
+// [token_begin, token_end): never cache memory past a sequence's context.
+// Plain data and function pointers only (included by ISA-specific translation units).
+// Thread-safety: tasks writing disjoint state may run concurrently.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedllm/kernels/dtypes.h"
+
+namespace pagedllm::kernels {
+
+struct AttendTask {
+  const float* q = nullptr;           // [num_rows, head_dim] float32, scale folded in
+  const int32_t* row_limit = nullptr; // [num_rows]: row r sees token positions < row_limit[r]
+  int32_t num_rows = 0;
+  float* acc = nullptr;               // [num_rows, head_dim] unnormalised output (in/out)
+  float* row_max = nullptr;           // [num_rows] running max of the scores (in/out)
+  float* row_sum = nullptr;           // [num_rows] running sum of exp(score - max) (in/out)
+  int32_t token_begin = 0;            // token positions of the sequence to attend over
+  int32_t token_end = 0;
+  const uint8_t* key_head = nullptr;  // key_cache + kv_head * block_size * head_dim elements
+  const uint8_t* value_head = nullptr;
+  int64_t key_block_stride_bytes = 0;
+  int64_t value_block_stride_bytes = 0;
+  const int32_t* block_table = nullptr;  // the sequence's physical block ids, logical order
+  int32_t block_size = 0;
+  int32_t head_dim = 0;               // multiple of 8, <= 512
+  CacheType cache_dtype = CacheType::kFloat32;
+};
+
+// Engine entry points of one instruction set.
+struct EngineOps {
+  const char* name;
+  // Runs one task (updates acc / row_max / row_sum).
+  void (*attend)(const AttendTask& task);
+};
+
+// The portable engine (always compiled).
+const EngineOps& generic_engine();
+// The AVX2 + FMA + F16C engine; only when PAGEDLLM_HAVE_AVX2_KERNELS is defined.
+const EngineOps& avx2_engine();
+
+}  // namespace pagedllm::kernels

@@ -1,0 +1,82 @@
+// The portable attention engine: 8-lane vectors as plain float arrays (the compiler maps them
+// to whatever SIMD the baseline target has). Runs on any CPU.
+#include <cmath>
+#include <cstdint>
+
+#include "engine.h"
+#include "pagedllm/kernels/convert.h"
+
+#define PAGEDLLM_ENGINE_NS generic_engine_ns
+
+namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS {
+namespace {
+
+struct V8 {
+  float x[8];
+};
+
+inline V8 vzero() { return V8{{0, 0, 0, 0, 0, 0, 0, 0}}; }
+inline V8 vset1(float f) { return V8{{f, f, f, f, f, f, f, f}}; }
+inline V8 vload(const float* p) {
+  V8 v;
+  for (int i = 0; i < 8; ++i) v.x[i] = p[i];
+  return v;
+}
+inline void vstore(float* p, V8 v) {
+  for (int i = 0; i < 8; ++i) p[i] = v.x[i];
+}
+inline V8 vfmadd(V8 a, V8 b, V8 c) {
+  for (int i = 0; i < 8; ++i) c.x[i] = std::fma(a.x[i], b.x[i], c.x[i]);
+  return c;
+}
+inline V8 vadd(V8 a, V8 b) {
+  for (int i = 0; i < 8; ++i) a.x[i] += b.x[i];
+  return a;
+}
+inline V8 vmul(V8 a, V8 b) {
+  for (int i = 0; i < 8; ++i) a.x[i] *= b.x[i];
+  return a;
+}
+inline V8 vmax(V8 a, V8 b) {
+  for (int i = 0; i < 8; ++i) a.x[i] = a.x[i] > b.x[i] ? a.x[i] : b.x[i];
+  return a;
+}
+inline V8 vexp(V8 a) {
+  for (int i = 0; i < 8; ++i) a.x[i] = std::exp(a.x[i]);
+  return a;
+}
+inline float vhmax(V8 a) {
+  float m = a.x[0];
+  for (int i = 1; i < 8; ++i) m = a.x[i] > m ? a.x[i] : m;
+  return m;
+}
+inline float vhsum(V8 a) {
+  float s = 0;
+  for (int i = 0; i < 8; ++i) s += a.x[i];
+  return s;
+}
+inline V8 vsum8(const V8* a) {
+  V8 v;
+  for (int i = 0; i < 8; ++i) v.x[i] = vhsum(a[i]);
+  return v;
+}
+template <CacheType CT>
+inline V8 vload_cache(const uint8_t* p) {
+  V8 v;
+  for (int i = 0; i < 8; ++i) v.x[i] = load_cache_scalar(p, CT, i);
+  return v;
+}
+
+}  // namespace
+}  // namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS
+
+#include "engine_impl.h"
+
+namespace pagedllm::kernels {
+
+const EngineOps& generic_engine() {
+  static const EngineOps ops{"generic", &PAGEDLLM_ENGINE_NS::attend_task};
+  return ops;
+}
+
+}  // namespace pagedllm::kernels

@@ -1,0 +1,21 @@
+# CPU paged-attention kernels: included from cpp/CMakeLists.txt inside the pagedllm_core scope.
+# engine_avx2.cpp is the only translation unit compiled with ISA flags; the kernels choose it at
+# run time after checking the CPU (see attention.cpp), so the library still runs anywhere.
+set(_pagedllm_kernels_dir ${CMAKE_CURRENT_LIST_DIR})
+target_sources(pagedllm_core PRIVATE
+  ${_pagedllm_kernels_dir}/thread_pool.cpp
+  ${_pagedllm_kernels_dir}/convert.cpp
+  ${_pagedllm_kernels_dir}/validate.cpp
+  ${_pagedllm_kernels_dir}/engine_generic.cpp
+  ${_pagedllm_kernels_dir}/attention.cpp
+  ${_pagedllm_kernels_dir}/reshape_and_cache.cpp
+  ${_pagedllm_kernels_dir}/copy_blocks.cpp
+  ${_pagedllm_kernels_dir}/membw.cpp
+)
+
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64|i[3-6]86)$")
+  target_sources(pagedllm_core PRIVATE ${_pagedllm_kernels_dir}/engine_avx2.cpp)
+  set_source_files_properties(${_pagedllm_kernels_dir}/engine_avx2.cpp PROPERTIES
+    COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
+  target_compile_definitions(pagedllm_core PRIVATE PAGEDLLM_HAVE_AVX2_KERNELS)
+endif()

@@ -1,0 +1,25 @@
+// validate.h (internal) — the value checks every kernel entry point runs before any write.
+// Each throws pagedllm::Error naming the offending argument and the expected range.
+// Thread-safety: read-only.
+#pragma once
+
+#include "pagedllm/kernels/params.h"
+
+namespace pagedllm::kernels {
+
+// Sizes, pointers and scales of one layer's caches.
+void validate_cache(const KVCacheParams& c);
+
+// Sizes of the query/output, the GQA ratio, and per sequence: context length inside the table,
+// the blocks it uses inside the pool; prefill also cu_seqlens_q (0, non-decreasing, ends at
+// num_tokens, each q_len <= its context length).
+void validate_attention(const AttentionParams& p, bool prefill);
+
+// Sizes of key/value and every slot in [-1, num_blocks * block_size).
+void validate_reshape_and_cache(const ReshapeAndCacheParams& p);
+
+// Pool sizes and pair ids; copy: destinations distinct and not sources.
+void validate_copy_blocks(const CopyBlocksParams& p);
+void validate_swap_blocks(const SwapBlocksParams& p);
+
+}  // namespace pagedllm::kernels

@@ -1,0 +1,6 @@
+# Bindings of the CPU kernels: included from python/bindings/CMakeLists.txt.
+target_sources(_core PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/bind_kernels.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/dlpack_tensor.cpp
+)
+target_compile_definitions(_core PRIVATE PAGEDLLM_WITH_KERNELS=1)

@@ -1,0 +1,114 @@
+"""Attention over the paged KV cache: the per-step metadata and the call into the _core kernels.
+
+A step's tokens are packed: first `num_decode_seqs` sequences with one new token each (the
+decode kernel), then sequences with one or more new tokens (prefill, whole or a chunk, possibly
+after a cached prefix: the prefill kernel). Each sequence's new tokens are the last
+q_len of its context_len tokens, attended causally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pagedllm import _core
+
+
+@dataclass
+class AttentionMetadata:
+    """Where the new tokens' K/V go and what each sequence attends to, for one step.
+
+    Args:
+        slot_mapping: [num_tokens] int64, the cache slot (block * block_size + offset) of each
+            new token; -1 skips the write (padding).
+        block_tables: [num_seqs, W] int32, each sequence's physical blocks in order (pad: any id).
+        context_lens: [num_seqs] int32, tokens of context after this step (cached + new).
+        cu_seqlens_q: [num_seqs + 1] int32, prefix sums of the new-token counts (starts at 0).
+        num_decode_seqs: the first num_decode_seqs sequences have exactly one new token each and
+            come first in the packed batch; they go to the decode kernel, the rest to prefill.
+    Raises:
+        ValueError: a tensor of the wrong dtype or rank, or counts that do not add up.
+    """
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    num_decode_seqs: int
+    # Derived once per step (not per layer) by __post_init__.
+    num_seqs: int = field(init=False)
+    num_tokens: int = field(init=False)
+    num_prefill_seqs: int = field(init=False)
+    decode_block_tables: torch.Tensor = field(init=False, repr=False)
+    decode_context_lens: torch.Tensor = field(init=False, repr=False)
+    prefill_block_tables: torch.Tensor = field(init=False, repr=False)
+    prefill_context_lens: torch.Tensor = field(init=False, repr=False)
+    prefill_cu_seqlens_q: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check(self.slot_mapping, "slot_mapping", 1, (torch.int64, torch.int32))
+        _check(self.block_tables, "block_tables", 2, (torch.int32,))
+        _check(self.context_lens, "context_lens", 1, (torch.int32,))
+        _check(self.cu_seqlens_q, "cu_seqlens_q", 1, (torch.int32,))
+        self.num_seqs = self.context_lens.shape[0]
+        self.num_tokens = self.slot_mapping.shape[0]
+        nd = self.num_decode_seqs
+        if self.block_tables.shape[0] != self.num_seqs or self.cu_seqlens_q.shape[0] != self.num_seqs + 1:
+            raise ValueError(
+                f"block_tables has {self.block_tables.shape[0]} rows and cu_seqlens_q "
+                f"{self.cu_seqlens_q.shape[0]} entries: expected num_seqs = {self.num_seqs} "
+                f"(from context_lens) and num_seqs + 1")
+        if not 0 <= nd <= self.num_seqs:
+            raise ValueError(f"num_decode_seqs = {nd}: expected 0..{self.num_seqs}")
+        cu = self.cu_seqlens_q
+        if int(cu[0]) != 0 or int(cu[nd]) != nd or int(cu[-1]) != self.num_tokens:
+            raise ValueError(
+                f"cu_seqlens_q must start at 0, reach num_decode_seqs = {nd} after the decode "
+                f"sequences and end at num_tokens = {self.num_tokens}; got cu[0] = {int(cu[0])}, "
+                f"cu[{nd}] = {int(cu[nd])}, cu[-1] = {int(cu[-1])}")
+        self.num_prefill_seqs = self.num_seqs - nd
+        self.decode_block_tables = self.block_tables[:nd]
+        self.decode_context_lens = self.context_lens[:nd]
+        self.prefill_block_tables = self.block_tables[nd:]
+        self.prefill_context_lens = self.context_lens[nd:]
+        self.prefill_cu_seqlens_q = cu[nd:] - nd if nd else cu
+
+
+def _check(t: torch.Tensor, name: str, dim: int, dtypes: tuple[torch.dtype, ...]) -> None:
+    if not isinstance(t, torch.Tensor) or t.dim() != dim or t.dtype not in dtypes:
+        got = f"{t.dtype} of rank {t.dim()}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name}: expected a rank-{dim} tensor of {[str(d) for d in dtypes]}, got {got}")
+
+
+def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float, kv_cache_dtype: str = "auto", k_scale: float = 1.0,
+                    v_scale: float = 1.0) -> torch.Tensor:
+    """Writes the new keys/values into their slots, then attends every new token to its context.
+
+    Args:
+        query: [num_tokens, num_heads, head_dim].
+        key, value: [num_tokens, num_kv_heads, head_dim], the new tokens' (RoPE'd) keys and values.
+        key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_dim] of this layer.
+        meta: the step's AttentionMetadata.
+        scale: softmax scale, head_dim ** -0.5 for Llama.
+        kv_cache_dtype, k_scale, v_scale: the cache storage as the kernels name it.
+    Returns:
+        out: [num_tokens, num_heads, head_dim] in query's dtype.
+    """
+    _core.reshape_and_cache(key, value, key_cache, value_cache, meta.slot_mapping,
+                            kv_cache_dtype, k_scale, v_scale)
+    # out: [num_tokens, num_heads, head_dim]
+    out = torch.empty(query.shape, dtype=query.dtype)
+    nd = meta.num_decode_seqs
+    if nd:
+        _core.paged_attention_decode(out[:nd], query[:nd], key_cache, value_cache,
+                                     meta.decode_block_tables, meta.decode_context_lens, scale,
+                                     kv_cache_dtype, k_scale, v_scale)
+    if meta.num_prefill_seqs:
+        _core.paged_attention_prefill(out[nd:], query[nd:], key_cache, value_cache,
+                                      meta.prefill_block_tables, meta.prefill_cu_seqlens_q,
+                                      meta.prefill_context_lens, scale, kv_cache_dtype,
+                                      k_scale, v_scale)
+    return out

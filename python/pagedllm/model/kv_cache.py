@@ -1,0 +1,122 @@
+"""PagedKVCache: the one tensor that holds every layer's keys and values in blocks.
+
+Layout, block-major:
+
+    pool: [num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim]
+
+so one block of one sequence (all layers, keys and values) is one contiguous region: copying
+a block for copy-on-write, swapping it to host memory or persisting it moves one run of bytes.
+`key_cache(layer)` / `value_cache(layer)` are the views pool[:, layer, 0] / pool[:, layer, 1],
+shaped [num_blocks, num_kv_heads, block_size, head_dim] with a block stride of
+num_layers * 2 * num_kv_heads * block_size * head_dim elements, which the kernels accept.
+
+Storage dtypes (`kv_cache_dtype`): "auto" (the model dtype), "fp32", "fp16", "bf16", "fp8" (=
+"fp8_e4m3") and "fp8_e5m2" (float8 bytes in a uint8 tensor, stored value = x / k_scale or
+x / v_scale, saturated). The kernels convert on
+write and accumulate in fp32 on read. The pool is zero-filled; nothing reads a slot before the
+step that writes it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedllm.model.config import ModelConfig
+
+# kv_cache_dtype name -> (storage torch dtype, None meaning the model dtype; the name the kernels
+# take: "auto" lets them read the storage type off the tensor, fp8 bytes need the format named)
+_KV_DTYPES: dict[str, tuple[torch.dtype | None, str]] = {
+    "auto": (None, "auto"),
+    "fp32": (torch.float32, "auto"), "float32": (torch.float32, "auto"),
+    "fp16": (torch.float16, "auto"), "float16": (torch.float16, "auto"), "half": (torch.float16, "auto"),
+    "bf16": (torch.bfloat16, "auto"), "bfloat16": (torch.bfloat16, "auto"),
+    "fp8": (torch.uint8, "fp8_e4m3"), "fp8_e4m3": (torch.uint8, "fp8_e4m3"),
+    "fp8_e5m2": (torch.uint8, "fp8_e5m2"),
+}
+KV_CACHE_DTYPES = tuple(_KV_DTYPES)
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> tuple[torch.dtype, str]:
+    """(storage torch dtype, kernel dtype name) of a kv_cache_dtype name.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if kv_cache_dtype not in _KV_DTYPES:
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: expected one of {list(_KV_DTYPES)}")
+    storage, kernel_name = _KV_DTYPES[kv_cache_dtype]
+    return (model_dtype if storage is None else storage), kernel_name
+
+
+class PagedKVCache:
+    """The paged K/V pool of one model (not thread-safe; the engine uses it from one thread).
+
+    Args:
+        config: the model whose layers and KV heads the pool holds.
+        num_blocks: blocks in the pool (block ids 0..num_blocks-1 as the KVCacheManager gives).
+        block_size: tokens per block.
+        kv_cache_dtype: storage dtype name (see module doc).
+        k_scale, v_scale: fp8 scales (stored = value / scale); ignored by other dtypes.
+        dtype: the model dtype, which "auto" means.
+    """
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
+                 kv_cache_dtype: str = "auto", k_scale: float = 1.0, v_scale: float = 1.0,
+                 dtype: torch.dtype = torch.float32) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks = {num_blocks}, block_size = {block_size}: expected >= 1 each")
+        if not (k_scale > 0 and v_scale > 0):
+            raise ValueError(f"k_scale = {k_scale}, v_scale = {v_scale}: expected positive scales")
+        self.storage_dtype, self.kernel_kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, dtype)
+        self.kv_cache_dtype = kv_cache_dtype
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_layers = config.num_hidden_layers
+        self.k_scale, self.v_scale = float(k_scale), float(v_scale)
+        # pool: [num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim]
+        self.pool = torch.zeros(num_blocks, config.num_hidden_layers, 2, config.num_key_value_heads,
+                                block_size, config.head_dim, dtype=self.storage_dtype)
+        # per layer: [num_blocks, num_kv_heads, block_size, head_dim] views, made once.
+        self._key_caches = [self.pool[:, i, 0] for i in range(self.num_layers)]
+        self._value_caches = [self.pool[:, i, 1] for i in range(self.num_layers)]
+
+    @staticmethod
+    def bytes_per_block(config: ModelConfig, block_size: int, kv_cache_dtype: str = "auto",
+                        dtype: torch.dtype = torch.float32) -> int:
+        """Bytes one block takes (all layers, keys and values), to size a pool from a budget."""
+        storage, _ = resolve_kv_cache_dtype(kv_cache_dtype, dtype)
+        elems = config.num_hidden_layers * 2 * config.num_key_value_heads * block_size * config.head_dim
+        return elems * torch.empty((), dtype=storage).element_size()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole pool."""
+        return self.pool.numel() * self.pool.element_size()
+
+    def key_cache(self, layer: int) -> torch.Tensor:
+        """Keys of `layer`: [num_blocks, num_kv_heads, block_size, head_dim] view of the pool."""
+        return self._key_caches[layer]
+
+    def value_cache(self, layer: int) -> torch.Tensor:
+        """Values of `layer`: [num_blocks, num_kv_heads, block_size, head_dim] view of the pool."""
+        return self._value_caches[layer]
+
+    def copy_blocks(self, pairs: torch.Tensor) -> None:
+        """Copies whole blocks (every layer, keys and values): pool[dst] = pool[src].
+
+        Args:
+            pairs: [k, 2] int32 (src, dst) rows, as KVCacheManager.append returns for
+                copy-on-write. No dst may also appear as a src.
+        Raises:
+            ValueError / IndexError: a malformed pairs tensor or an id outside the pool.
+        """
+        pairs = torch.as_tensor(pairs)
+        if pairs.numel() == 0:
+            return
+        if pairs.dim() != 2 or pairs.shape[1] != 2 or pairs.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"pairs: expected an int32 [k, 2] tensor, got {pairs.dtype} {list(pairs.shape)}")
+        lo, hi = int(pairs.min()), int(pairs.max())
+        if lo < 0 or hi >= self.num_blocks:
+            raise IndexError(f"copy_blocks: block id {lo if lo < 0 else hi} outside [0, {self.num_blocks})")
+        src, dst = pairs[:, 0].long(), pairs[:, 1].long()
+        # index_copy_ of whole rows: each block is one contiguous run of the pool.
+        self.pool.index_copy_(0, dst, self.pool.index_select(0, src))

@@ -1,0 +1,200 @@
+"""The Llama forward pass in torch, attention on the paged KV cache.
+
+Per layer: RMSNorm -> fused qkv projection -> RoPE by per-token positions -> reshape_and_cache
+of the new k/v -> paged attention (decode and prefill kernels from _core) -> o_proj -> residual
+-> RMSNorm -> fused gate_up projection -> SiLU(gate) * up -> down_proj -> residual.
+
+The numerics follow transformers' LlamaForCausalLM in float32 operation for operation (the
+same RMSNorm, RoPE and SiLU arithmetic); only the fused matmuls and the attention kernels sum
+in a different order. Parameters are created uninitialised: use `load_model` to fill them.
+`forward` applies the final norm and returns hidden states; `compute_logits` applies lm_head.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedllm.model.attention import AttentionMetadata, paged_attention
+from pagedllm.model.config import ModelConfig
+from pagedllm.model.kv_cache import PagedKVCache
+from pagedllm.model.rope import RotaryEmbedding
+
+
+def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """y = x @ weight.T + bias, weight [out_features, in_features] (uninitialised)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _param(out_features, in_features, dtype=dtype)
+        self.bias = _param(out_features, dtype=dtype) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [n, in_features] -> [n, out_features]
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    """Row lookup in weight [vocab_size, hidden_size] (uninitialised)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _param(vocab_size, hidden_size, dtype=dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # ids: [n] int64 -> [n, hidden_size]
+        return F.embedding(ids, self.weight)
+
+
+class RMSNorm(nn.Module):
+    """weight * x / sqrt(mean(x^2) + eps) over the last dim."""
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _param(hidden_size, dtype=dtype)
+        self.eps = eps
+        self.shape = (hidden_size,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [n, hidden_size] -> [n, hidden_size]
+        return F.rms_norm(x, self.shape, self.weight, self.eps)
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention with a fused qkv projection, reading and writing the paged cache."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.scale = config.head_dim ** -0.5
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                               config.attention_bias, dtype)
+        self.o_proj = Linear(self.q_size, config.hidden_size, config.attention_bias, dtype)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                meta: AttentionMetadata, kv: PagedKVCache, layer: int) -> torch.Tensor:
+        # x: [num_tokens, hidden_size]; cos/sin: [num_tokens, 1, head_dim]
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
+        # q and k rotated together: [num_tokens, num_heads + num_kv_heads, head_dim] contiguous
+        qk = RotaryEmbedding.apply(
+            qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim),
+            cos, sin)
+        q = qk[:, :self.num_heads]       # [num_tokens, num_heads, head_dim] (row stride of qk)
+        k = qk[:, self.num_heads:]       # [num_tokens, num_kv_heads, head_dim]
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        out = paged_attention(q, k, v, kv.key_cache(layer), kv.value_cache(layer), meta,
+                              self.scale, kv.kernel_kv_dtype, kv.k_scale, kv.v_scale)
+        # out: [num_tokens, num_heads, head_dim] -> [num_tokens, hidden_size]
+        return self.o_proj(out.view(t, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    """down(SiLU(gate(x)) * up(x)) with gate and up fused into one projection."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size,
+                                   config.mlp_bias, dtype)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, config.mlp_bias, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [n, hidden_size] -> gate_up: [n, 2 * intermediate_size]
+        gate_up = self.gate_up_proj(x)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        # act: [n, intermediate_size]
+        act = torch.mul(F.silu(gate, inplace=True), up)
+        return self.down_proj(act)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm transformer block: x += attn(norm(x)); x += mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.self_attn = LlamaAttention(config, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = LlamaMLP(config, dtype)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                meta: AttentionMetadata, kv: PagedKVCache, layer: int) -> torch.Tensor:
+        # x: [num_tokens, hidden_size], updated in place and returned
+        x += self.self_attn(self.input_layernorm(x), cos, sin, meta, kv, layer)
+        x += self.mlp(self.post_attention_layernorm(x))
+        return x
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama decoder over a paged KV cache.
+
+    Parameter names are pagedllm's (qkv_proj, gate_up_proj fused); the loader maps the Hugging
+    Face names onto them. With tied embeddings there is no lm_head parameter: compute_logits
+    uses embed_tokens.weight.
+    """
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype)
+                                    for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.lm_head = None if config.tie_word_embeddings else Linear(
+            config.hidden_size, config.vocab_size, False, dtype)
+        self.rotary = RotaryEmbedding(config)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """[vocab_size, hidden_size]: lm_head's weight, or the embedding when tied."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv: PagedKVCache) -> torch.Tensor:
+        """Runs one step: the new tokens of every scheduled sequence, packed.
+
+        Args:
+            input_ids: [num_tokens] int64, token ids in the packed order of `meta`.
+            positions: [num_tokens] int64, each token's position in its sequence.
+            meta: where the tokens' K/V go and what each sequence attends to.
+            kv: the paged cache; the new tokens' K/V are written into it.
+        Returns:
+            hidden: [num_tokens, hidden_size], final RMSNorm applied (feed rows to compute_logits).
+        Raises:
+            ValueError: mismatched token counts, or a cache made for another model.
+        """
+        n = input_ids.shape[0]
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape or meta.num_tokens != n:
+            raise ValueError(f"input_ids {list(input_ids.shape)}, positions {list(positions.shape)}, "
+                             f"slot_mapping [{meta.num_tokens}]: expected three [num_tokens] vectors")
+        if kv.num_layers != len(self.layers):
+            raise ValueError(f"the KV cache has {kv.num_layers} layers, the model {len(self.layers)}")
+        # x: [num_tokens, hidden_size]
+        x = self.embed_tokens(input_ids)
+        # cos, sin: [num_tokens, 1, head_dim], shared by every layer
+        cos, sin = self.rotary.tables(positions, self.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, meta, kv, i)
+        return self.norm(x)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of the given rows of forward's output.
+
+        Args:
+            hidden: [n, hidden_size], rows of forward's (already normalised) output.
+        Returns:
+            logits: [n, vocab_size] float32.
+        """
+        return F.linear(hidden, self.lm_head_weight).float()

@@ -1,0 +1,163 @@
+"""Tokenizer: a Hugging Face tokenizer.json through the `tokenizers` library, plus the special
+token ids a Llama checkpoint declares and an incremental detokenizer for streaming.
+
+Special ids come from, in order of precedence: tokenizer_config.json (`bos_token`,
+`eos_token`, `add_bos_token`), generation_config.json and config.json (`bos_token_id`,
+`eos_token_id`). The eos ids are the union of all of them (Llama 3 instruct models stop on
+several ids), first-found first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Optional, Sequence
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+# Tokens of context kept before the first new token (vLLM's initial detokenization offset):
+# enough for the decoder to see word boundaries right at the start.
+INITIAL_DETOKENIZATION_OFFSET = 5
+
+
+class Tokenizer:
+    """Encode/decode text and know the special ids of one checkpoint.
+
+    Args:
+        tokenizer: a `tokenizers.Tokenizer`.
+        bos_token_id: id prepended to prompts (None: the model has none).
+        eos_token_ids: ids that end generation.
+        add_bos_token: prepend bos when the tokenizer's own post-processor does not.
+    """
+
+    def __init__(self, tokenizer: _HFTokenizer, bos_token_id: Optional[int] = None,
+                 eos_token_ids: Sequence[int] = (), add_bos_token: bool = False) -> None:
+        self._tk = tokenizer
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos_token_ids))
+        probe = tokenizer.encode("a", add_special_tokens=True).ids
+        self._prepend_bos = (add_bos_token and bos_token_id is not None
+                             and (not probe or probe[0] != bos_token_id))
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike) -> "Tokenizer":
+        """Reads tokenizer.json (required) and the optional tokenizer_config.json,
+        generation_config.json and config.json of a checkpoint directory.
+
+        Raises:
+            FileNotFoundError: no tokenizer.json in `path`.
+            ValueError: a file that cannot be parsed (the message names it).
+        """
+        tk_path = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(tk_path):
+            raise FileNotFoundError(f"{tk_path}: not found (prompts can be given as token ids)")
+        try:
+            tk = _HFTokenizer.from_file(tk_path)
+        except Exception as e:  # tokenizers raises a bare Exception on a malformed file
+            raise ValueError(f"{tk_path}: not a valid tokenizer.json ({e})") from None
+        tok_cfg = _optional_json(os.path.join(path, "tokenizer_config.json"))
+        gen_cfg = _optional_json(os.path.join(path, "generation_config.json"))
+        model_cfg = _optional_json(os.path.join(path, "config.json"))
+
+        eos: list[int] = []
+        eos_tok = _token_id(tk, tok_cfg.get("eos_token"))
+        for value in (eos_tok, gen_cfg.get("eos_token_id"), model_cfg.get("eos_token_id")):
+            eos.extend(_ids(value))
+        bos = _token_id(tk, tok_cfg.get("bos_token"))
+        if bos is None:
+            bos_ids = _ids(gen_cfg.get("bos_token_id", model_cfg.get("bos_token_id")))
+            bos = bos_ids[0] if bos_ids else None
+        return cls(tk, bos, eos, bool(tok_cfg.get("add_bos_token", False)))
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the vocabulary, added tokens included."""
+        return self._tk.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text` (with bos when add_special_tokens and the model uses one)."""
+        ids = self._tk.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self._prepend_bos:
+            ids = [self.bos_token_id] + ids  # type: ignore[list-item]
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`."""
+        return self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        """Id of a token string, or None."""
+        return self._tk.token_to_id(token)
+
+    def detokenizer(self, prompt_ids: Sequence[int] = (),
+                    skip_special_tokens: bool = True) -> "IncrementalDetokenizer":
+        """A streaming detokenizer for text generated after `prompt_ids`."""
+        return IncrementalDetokenizer(self, prompt_ids, skip_special_tokens)
+
+
+class IncrementalDetokenizer:
+    """Turns generated ids into text deltas, one token at a time, emitting only whole characters.
+
+    vLLM's scheme: decode the window [prefix_offset, end) and the window [prefix_offset,
+    read_offset); the text the first has beyond the second is new, unless it ends in U+FFFD
+    (an incomplete UTF-8 sequence), in which case nothing is emitted until a later token
+    completes it. Decoding from a few tokens back keeps word-boundary spaces right.
+    Concatenating every add() result and flush() gives the generated text.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (),
+                 skip_special_tokens: bool = True) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self.ids: list[int] = list(prompt_ids)
+        self.read_offset = len(self.ids)
+        self.prefix_offset = max(len(self.ids) - INITIAL_DETOKENIZATION_OFFSET, 0)
+        self.text = ""  # everything emitted so far
+
+    def add(self, token_id: int) -> str:
+        """Appends one generated id; returns the newly completed text ("" if none yet)."""
+        self.ids.append(token_id)
+        prefix_text = self._tok.decode(self.ids[self.prefix_offset:self.read_offset], self._skip)
+        new_text = self._tok.decode(self.ids[self.prefix_offset:], self._skip)
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return ""
+        delta = new_text[len(prefix_text):]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """Whatever is still held back at the end of generation (may contain U+FFFD)."""
+        prefix_text = self._tok.decode(self.ids[self.prefix_offset:self.read_offset], self._skip)
+        new_text = self._tok.decode(self.ids[self.prefix_offset:], self._skip)
+        delta = new_text[len(prefix_text):] if len(new_text) > len(prefix_text) else ""
+        self.prefix_offset = self.read_offset = len(self.ids)
+        self.text += delta
+        return delta
+
+
+def _optional_json(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read as JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return d
+
+
+def _token_id(tk: _HFTokenizer, token: Any) -> Optional[int]:
+    # tokenizer_config.json writes special tokens as a string or as {"content": ...}.
+    if isinstance(token, dict):
+        token = token.get("content")
+    return tk.token_to_id(token) if isinstance(token, str) else None
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]

@@ -1,0 +1,226 @@
+"""paged_attention_decode / paged_attention_prefill against a float64 torch reference.
+
+Every case: fresh random K/V written into randomly permuted blocks (unused cache slots and table
+entries poisoned), outputs poisoned with NaN before the call, both the AVX2 and the portable
+kernel. Error bound per element: |out - ref| <= u_out * |ref| + 1e-5 * max(1, max|ref|), where
+u_out is the unit roundoff of the output dtype (the reference uses the exact stored K/V, so the
+storage dtype adds no error beyond that; fp8 against unquantized K/V is tested separately).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from kernel_reference import UNIT_ROUNDOFF, attention_ref, make_paged_kv
+from pagedllm import _core
+
+HEAD_DIMS = [64, 80, 96, 128, 256]
+BLOCK_SIZES = [1, 2, 8, 16, 32, 64, 256]
+KV_DTYPES = ["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+ACT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+GROUPS = [(8, 8), (8, 2), (32, 4), (16, 2), (8, 1), (32, 1)]  # (num_heads, num_kv_heads)
+
+
+@pytest.fixture(params=["avx2", "generic"])
+def kernel(request):
+    """Runs the test once per kernel variant (AVX2 skipped where the CPU lacks it)."""
+    if request.param == "avx2" and "avx2" not in _core.build_info()["cpu_kernels_compiled"]:
+        pytest.skip("AVX2 kernels not compiled on this platform")
+    _core.force_generic_kernels(request.param == "generic")
+    if request.param == "avx2" and _core.cpu_kernel() != "avx2":
+        _core.force_generic_kernels(False)
+        pytest.skip("this CPU lacks AVX2/FMA/F16C")
+    yield request.param
+    _core.force_generic_kernels(False)
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    u = UNIT_ROUNDOFF[str(out.dtype).removeprefix("torch.")]
+    out64 = out.to(torch.float64)
+    assert not torch.isnan(out64).any(), "output has NaN (unwritten or poisoned data read)"
+    bound = u * ref.abs() + 1e-5 * max(1.0, ref.abs().max().item())
+    err = (out64 - ref).abs()
+    worst = (err - bound).max().item()
+    assert worst <= 0, f"max error {err.max().item():.3g} exceeds the bound by {worst:.3g}"
+
+
+def run_decode(gen, lens, heads, kvh, head_dim, block_size, kv_dtype, act, k_scale=1.0,
+               v_scale=1.0, pool_layers=0, strided_query=False):
+    kv = make_paged_kv(gen, lens, kvh, head_dim, block_size, kv_dtype, act, k_scale, v_scale,
+                       pool_layers=pool_layers)
+    n = len(lens)
+    if strided_query:  # query as a slice of a fused qkv projection: token stride > heads * dim
+        qkv = torch.randn((n, heads + 2 * kvh, head_dim), generator=gen).to(act)
+        q = qkv[:, :heads]
+    else:
+        q = torch.randn((n, heads, head_dim), generator=gen).to(act)
+    out = torch.full((n, heads, head_dim), float("nan"), dtype=act)
+    scale = 1.0 / math.sqrt(head_dim)
+    _core.paged_attention_decode(out, q, kv.key_cache, kv.value_cache, kv.block_tables,
+                                 kv.context_lens, scale, kv_dtype, k_scale, v_scale)
+    for s, length in enumerate(lens):
+        ref = attention_ref(q[s:s + 1], kv.k_full[s], kv.v_full[s], scale,
+                            torch.tensor([length - 1]))
+        assert_close(out[s:s + 1], ref)
+
+
+def run_prefill(gen, lens, q_lens, heads, kvh, head_dim, block_size, kv_dtype, act,
+                k_scale=1.0, v_scale=1.0, pool_layers=0):
+    kv = make_paged_kv(gen, lens, kvh, head_dim, block_size, kv_dtype, act, k_scale, v_scale,
+                       pool_layers=pool_layers)
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(q_lens).cumsum(0)
+    total = int(cu[-1])
+    q = torch.randn((total, heads, head_dim), generator=gen).to(act)
+    out = torch.full((total, heads, head_dim), float("nan"), dtype=act)
+    scale = 1.0 / math.sqrt(head_dim)
+    _core.paged_attention_prefill(out, q, kv.key_cache, kv.value_cache, kv.block_tables, cu,
+                                  kv.context_lens, scale, kv_dtype, k_scale, v_scale)
+    for s, (length, q_len) in enumerate(zip(lens, q_lens)):
+        a, b = int(cu[s]), int(cu[s + 1])
+        if a == b:
+            continue
+        pos = torch.arange(length - q_len, length)
+        assert_close(out[a:b], attention_ref(q[a:b], kv.k_full[s], kv.v_full[s], scale, pos))
+
+
+def random_config(rng: random.Random):
+    heads, kvh = rng.choice(GROUPS)
+    return dict(heads=heads, kvh=kvh, head_dim=rng.choice(HEAD_DIMS),
+                block_size=rng.choice(BLOCK_SIZES), kv_dtype=rng.choice(KV_DTYPES),
+                act=rng.choice(ACT_DTYPES))
+
+
+def random_lens(rng: random.Random, block_size: int, count: int) -> list[int]:
+    """Context lengths mixing 1, exact block multiples, one past them and random values."""
+    picks = []
+    for _ in range(count):
+        kind = rng.randrange(4)
+        if kind == 0:
+            picks.append(1)
+        elif kind == 1:
+            picks.append(block_size * rng.randint(1, max(1, 600 // block_size)))
+        elif kind == 2:
+            picks.append(block_size * rng.randint(0, max(0, 600 // block_size)) + 1)
+        else:
+            picks.append(rng.randint(1, 700))
+    return picks
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_decode_random_matrix(kernel, seed):
+    rng = random.Random(1000 + seed)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(3):
+        cfg = random_config(rng)
+        fp8 = cfg["kv_dtype"].startswith("fp8")
+        run_decode(gen, random_lens(rng, cfg["block_size"], rng.randint(1, 5)), cfg["heads"],
+                   cfg["kvh"], cfg["head_dim"], cfg["block_size"], cfg["kv_dtype"], cfg["act"],
+                   k_scale=0.37 if fp8 else 1.0, v_scale=1.9 if fp8 else 1.0,
+                   pool_layers=rng.choice([0, 0, 3]), strided_query=rng.random() < 0.3)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_prefill_random_matrix(kernel, seed):
+    rng = random.Random(2000 + seed)
+    gen = torch.Generator().manual_seed(100 + seed)
+    for _ in range(3):
+        cfg = random_config(rng)
+        fp8 = cfg["kv_dtype"].startswith("fp8")
+        lens = random_lens(rng, cfg["block_size"], rng.randint(1, 4))
+        # whole prompts, chunks of a prompt, prefix-cache hits (few new tokens), decode-like.
+        q_lens = [min(160, rng.choice([n, max(1, n // 2), min(n, rng.randint(1, 40)), 1, 0]))
+                  for n in lens]
+        run_prefill(gen, lens, q_lens, cfg["heads"], cfg["kvh"], cfg["head_dim"],
+                    cfg["block_size"], cfg["kv_dtype"], cfg["act"],
+                    k_scale=0.5 if fp8 else 1.0, v_scale=2.0 if fp8 else 1.0,
+                    pool_layers=rng.choice([0, 2]))
+
+
+@pytest.mark.parametrize("heads,kvh", [(8, 8), (32, 8), (32, 4), (16, 1)])
+@pytest.mark.parametrize("kv_dtype", ["auto", "bf16", "fp8"])
+def test_decode_gqa_ratios(kernel, heads, kvh, kv_dtype):
+    gen = torch.Generator().manual_seed(heads * 10 + kvh)
+    run_decode(gen, [1, 16, 17, 100, 512], heads, kvh, 128, 16, kv_dtype, torch.float32,
+               k_scale=0.8, v_scale=1.3)
+
+
+@pytest.mark.parametrize("block_size", [1, 256])
+@pytest.mark.parametrize("head_dim", [80, 96, 256])
+def test_edge_sizes(kernel, block_size, head_dim):
+    gen = torch.Generator().manual_seed(block_size + head_dim)
+    lens = [1, block_size, block_size + 1, 2 * block_size, 300]
+    run_decode(gen, lens, 4, 2, head_dim, block_size, "auto", torch.float32)
+    q_lens = [min(q, n) for q, n in zip([1, block_size, 1, 7, 300], lens)]
+    run_prefill(gen, lens, q_lens, 4, 2, head_dim, block_size, "auto", torch.float32)
+
+
+def test_long_context_single_sequence(kernel):
+    """> 8k tokens, batch 1: the decode is split across threads and merged."""
+    gen = torch.Generator().manual_seed(7)
+    for kv_dtype in ["auto", "fp8"]:
+        run_decode(gen, [8300], 8, 2, 128, 16, kv_dtype, torch.float32, k_scale=0.7,
+                   v_scale=0.9)
+    run_decode(gen, [8192, 3, 5000], 32, 8, 128, 16, "bf16", torch.bfloat16)
+    run_prefill(gen, [8250], [40], 8, 2, 128, 16, "auto", torch.float32)
+
+
+def test_long_context_single_thread_matches(kernel):
+    """Partitioning depends on the thread count; every count must give the right answer."""
+    gen = torch.Generator().manual_seed(8)
+    old = _core.get_num_threads()
+    try:
+        for n in [1, 3]:
+            _core.set_num_threads(n)
+            run_decode(gen, [2100], 8, 8, 64, 16, "auto", torch.float32)
+    finally:
+        _core.set_num_threads(old)
+
+
+def test_whole_prompt_prefill_matches_decode_rows(kernel):
+    """Prefill of a full prompt == decode of each prefix, row for row (same kernel family)."""
+    gen = torch.Generator().manual_seed(9)
+    run_prefill(gen, [64, 33], [64, 33], 8, 2, 64, 16, "auto", torch.float32)
+
+
+def test_context_zero_gives_zeros(kernel):
+    gen = torch.Generator().manual_seed(10)
+    kv = make_paged_kv(gen, [5, 1], 2, 64, 4, "auto", torch.float32)
+    kv.context_lens[1] = 0
+    q = torch.randn((2, 4, 64), generator=gen)
+    out = torch.full_like(q, float("nan"))
+    _core.paged_attention_decode(out, q, kv.key_cache, kv.value_cache, kv.block_tables,
+                                 kv.context_lens, 0.125)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    assert_close(out[:1], attention_ref(q[:1], kv.k_full[0], kv.v_full[0], 0.125,
+                                        torch.tensor([4])))
+
+
+@pytest.mark.parametrize("kv_dtype,fmt", [("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2"),
+                                          ("bf16", "bfloat16"), ("fp16", "float16")])
+def test_storage_error_matches_format_precision(kernel, kv_dtype, fmt):
+    """Against unquantized float64 K/V, the error of a reduced-precision cache scales with the
+    format's unit roundoff u: bounded by 8 u max|v|, and not orders of magnitude below it."""
+    gen = torch.Generator().manual_seed(11)
+    heads, kvh, d, bs = 8, 2, 128, 16
+    lens = [200, 333]
+    kv = make_paged_kv(gen, lens, kvh, d, bs, kv_dtype, torch.float32, 0.05, 0.04)
+    exact = make_paged_kv(torch.Generator().manual_seed(11), lens, kvh, d, bs, "auto",
+                          torch.float32)
+    q = torch.randn((len(lens), heads, d), generator=gen)
+    out = torch.empty_like(q)
+    scale = 1.0 / math.sqrt(d)
+    _core.paged_attention_decode(out, q, kv.key_cache, kv.value_cache, kv.block_tables,
+                                 kv.context_lens, scale, kv_dtype, 0.05, 0.04)
+    u = UNIT_ROUNDOFF[fmt]
+    for s, n in enumerate(lens):
+        ref = attention_ref(q[s:s + 1], exact.k_full[s], exact.v_full[s], scale,
+                            torch.tensor([n - 1]))
+        err = (out[s:s + 1].double() - ref).abs().max().item()
+        vmax = exact.v_full[s].abs().max().item()
+        assert err <= 8 * u * vmax, (err, u, vmax)
+        assert err >= u * vmax / 1000, "error implausibly small: was the cache really reduced?"
