@@ -195,3 +195,73 @@ class ServerThread:
         self.server.should_exit = True
         self._thread.join(30)
         self._sock.close()
+
+
+# --- a real (tiny, random-weight) model for end-to-end tests ------------------------------------
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "paged attention keeps the key value cache in fixed size blocks",
+    "a block table maps each sequence to its physical blocks",
+    "hello world, hello there! the weather is nice today.",
+    "once upon a time there was a tiny language model that wrote stories",
+] * 40
+
+
+def write_tiny_model(path, seed: int = 0, max_position_embeddings: int = 1024) -> str:
+    """A random-weight 'tiny' Llama checkpoint with a trained byte-level BPE tokenizer.
+
+    Special tokens: <unk> 0, <s> 1 (bos, added by the tokenizer), </s> 2 (eos). The model's
+    vocabulary is exactly the tokenizer's, so every generated id decodes to text. Weights are
+    drawn with std 0.1 (transformers' 0.02 makes a random model repeat one token).
+    Returns the directory as a string.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from pagedllm.model import write_random_checkpoint
+
+    os.makedirs(path, exist_ok=True)
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<unk>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tk.train_from_iterator(CORPUS, trainer)
+    tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tk.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        f.write('{"bos_token": "<s>", "eos_token": "</s>"}')
+    write_random_checkpoint(path, "tiny", seed=seed, vocab_size=tk.get_vocab_size(),
+                            bos_token_id=1, eos_token_id=2,
+                            max_position_embeddings=max_position_embeddings,
+                            initializer_range=0.1)  # varied text, clear greedy margins
+    return str(path)
+
+
+def serve_tiny_model(model_dir: str, settings=None, **engine_options) -> ServerThread:
+    """A ServerThread (not yet entered) serving an LLMEngine on `model_dir` (one CPU thread)."""
+    from pagedllm.config import EngineConfig
+    from pagedllm.engine.llm_engine import LLMEngine
+    from pagedllm.server import create_app
+
+    engine_options.setdefault("num_threads", 1)
+    engine = LLMEngine(EngineConfig(model=model_dir, **engine_options))
+    return ServerThread(create_app(engine, settings))
+
+
+def scrape(url: str) -> Dict[str, float]:
+    """/metrics of a server as {sample name: value}, label sets summed, plus
+    {'name{label="value"}': value} for samples with labels other than model_name / le."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: Dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text):
+        for s in fam.samples:
+            out[s.name] = out.get(s.name, 0.0) + s.value
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items())
+                              if k not in ("model_name", "le"))
+            if labels:
+                key = f"{s.name}{{{labels}}}"
+                out[key] = out.get(key, 0.0) + s.value
+    return out

@@ -43,7 +43,11 @@ def completion_logprobs(token_ids: List[int], positions: List[PositionLogprobs],
         token = _token_text(tid, chosen)
         out.tokens.append(token)
         out.token_logprobs.append(_clamp(chosen.logprob))
-        top: Dict[str, float] = {_token_text(t, lp): _clamp(lp.logprob) for t, lp in _top(pos, k)}
+        # Keyed by text, so tokens with the same text (e.g. partial UTF-8 "\ufffd") share one
+        # entry: the most likely keeps it.
+        top: Dict[str, float] = {}
+        for t, lp in _top(pos, k):
+            top.setdefault(_token_text(t, lp), _clamp(lp.logprob))
         top.setdefault(token, _clamp(chosen.logprob))
         out.top_logprobs.append(top)
         out.text_offset.append(offset)
