@@ -74,9 +74,12 @@ def describe_error(e: BaseException) -> tuple:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs the command line `argv` (default sys.argv[1:]); returns the exit code."""
-    args, extra = build_parser().parse_known_args(argv)
-    if extra:  # reported by the subcommand's parser, so the hint names its --help
-        args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        args, extra = build_parser().parse_known_args(argv)
+        if extra:  # reported by the subcommand's parser, so the hint names its --help
+            args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:  # --help, --version, or a usage error already printed
+        return e.code if isinstance(e.code, int) else 2
     verbose = getattr(args, "verbose", False)
     _setup_logging(verbose)
     try:

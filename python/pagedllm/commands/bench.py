@@ -25,7 +25,7 @@ from typing import Dict, List
 from pagedllm.commands.bench_workload import (BenchRequest, assign_arrivals, from_file,
                                               percentiles, synthetic)
 from pagedllm.commands.common import (UsageError, add_engine_args, build_engine, engine_config,
-                                      positive_int)
+                                      positive_int, request_error)
 
 NAME = "bench"
 HELP = "benchmark throughput and latency on a workload"
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                     engine.add_request(f"bench-{nxt}", r.prompt, params,
                                        arrival_time=start + r.arrival)
                 except ValueError as e:
-                    raise UsageError(f"request {nxt}: {e} (lower --input-len / --output-len or "
+                    raise UsageError(f"request {nxt}: {request_error(e)} (lower --input-len / --output-len or "
                                      "raise --max-model-len / --kv-cache-memory)") from None
                 nxt += 1
             if not engine.has_unfinished_requests():

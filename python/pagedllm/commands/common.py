@@ -142,6 +142,14 @@ def build_engine(config: EngineConfig):
     return LLMEngine(config)
 
 
+def request_error(e: Exception) -> str:
+    """An engine add_request error without its internal "request <id>: " prefix."""
+    message = str(e)
+    if message.startswith("request ") and ": " in message:
+        return message.split(": ", 1)[1]
+    return message
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 

@@ -19,7 +19,8 @@ import sys
 import time
 from typing import List, Optional, TextIO
 
-from pagedllm.commands.common import UsageError, add_engine_args, build_engine, engine_config, positive_int
+from pagedllm.commands.common import (UsageError, add_engine_args, build_engine, engine_config,
+                                      positive_int, request_error)
 from pagedllm.commands.report import kv_summary
 from pagedllm.streaming import ChoiceTracker, holdback_for
 
@@ -167,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             index[engine.add_request(f"generate-{i}", prompt, params)] = i
         except ValueError as e:
-            raise UsageError(f"prompt {i + 1}: {e}") from None
+            raise UsageError(f"prompt {i + 1}: {request_error(e)} (lower --max-tokens, or "
+                             "raise --max-model-len / --kv-cache-memory)") from None
     printer = OrderedPrinter(prompts, args.n, holdback_for(stops), not args.no_echo, sys.stdout)
     first_token: Optional[float] = None
     while engine.has_unfinished_requests():

@@ -96,5 +96,9 @@ def run(args: argparse.Namespace) -> int:
           f"(OpenAI API under /v1, {auth}; Ctrl-C stops)", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, lifespan="on",
                                            timeout_graceful_shutdown=5))
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        pass
+    print("pagedllm: server stopped", file=sys.stderr)
     return 0
