@@ -50,7 +50,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
         raise bad_request("echo together with logprobs is not supported", "echo")
     prompts = _prompts(state, req.prompt)
     longest = max(len(p.token_ids) for p in prompts)
-    max_tokens = state.max_tokens(req.max_tokens, longest)
+    max_tokens = state.max_tokens(req.max_tokens, longest, prompt_param="prompt")
     params = sampling_params(req, max_tokens, stops, req.logprobs, req.best_of)
     request_id = new_id("cmpl")
     streams = await submit(state, request_id, prompts, params, arrival_time)
@@ -98,7 +98,7 @@ async def _stream(state: ServerState, req: CompletionRequest, request_id: str,
     trackers: Dict[Tuple[int, int], ChoiceTracker] = {}
     tokens: Dict[Tuple[int, int], int] = {}
 
-    def chunk(choice: CompletionChoice, usage: Optional[UsageInfo] = None) -> str:
+    def chunk(choice: Optional[CompletionChoice], usage: Optional[UsageInfo] = None) -> str:
         return sse_event(CompletionResponse(id=request_id, created=created, model=state.model_name,
                                             choices=[choice] if choice else [], usage=usage))
 

@@ -77,9 +77,17 @@ class ServerState:
                               "prompt as token ids", "prompt")
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def max_tokens(self, requested: Optional[int], prompt_len: int, param: str = "max_tokens") -> int:
+    def max_tokens(self, requested: Optional[int], prompt_len: int, param: str = "max_tokens",
+                   prompt_param: str = "messages") -> int:
         """The max_tokens to run with: the request's (checked against the limit), or, when
-        absent, what is left of the context capped by the limit."""
+        absent, what is left of the context capped by the limit.
+
+        Args:
+            requested: the request's max_tokens (None: absent).
+            prompt_len: tokens of the longest prompt.
+            param: the field that carried `requested` (named in errors).
+            prompt_param: the field that carried the prompt (named in errors).
+        """
         limit = self.settings.max_tokens_limit
         if requested is not None:
             if requested > limit:
@@ -89,7 +97,7 @@ class ServerState:
         left = self.max_model_len - prompt_len
         if left < 1:
             raise bad_request(f"the prompt ({prompt_len} tokens) leaves no room to generate: "
-                              f"max_model_len is {self.max_model_len}", "messages")
+                              f"max_model_len is {self.max_model_len}", prompt_param)
         return min(limit, left)
 
 
