@@ -130,9 +130,13 @@ class LLMEngine:
                              f"vocabulary [0, {vocab})")
         total = len(ids) + max_tokens
         if total > self.max_model_len:
+            why = ""
+            if self.config.max_model_len is None and self.max_model_len < self.model_config.max_position_embeddings:
+                why = (f"; the KV pool ({self.plan.num_blocks} blocks of {self.config.block_size} "
+                       f"tokens) set that limit: raise kv_cache_memory_bytes or num_kv_blocks")
             raise ValueError(
                 f"request {request_id}: prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
-                f"{total} exceeds max_model_len ({self.max_model_len})")
+                f"{total} exceeds max_model_len ({self.max_model_len}){why}")
         bs = self.config.block_size
         need = -(-total // bs)
         admit = -(-len(ids) // bs)

@@ -1,0 +1,1 @@
+"""Runners of the peer engines (vLLM CPU, transformers) on a shared workload."""

@@ -1,0 +1,78 @@
+"""Seeded request workloads shared by every engine in a comparison.
+
+A workload is a list of requests, each a prompt of token ids and a forced output length
+(outputs are forced with ignore_eos / min_tokens so every engine does the same work).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import List
+
+
+@dataclass
+class BenchRequest:
+    """One request: its prompt token ids and how many tokens to generate."""
+
+    prompt_token_ids: List[int]
+    max_tokens: int
+
+
+def lognormal_lengths(n: int, mean: float, sigma: float, lo: int, hi: int, rng: random.Random) -> List[int]:
+    """n integers from a log-normal with the given arithmetic mean and log-space sigma, clipped.
+
+    Args:
+        n: how many.
+        mean: the arithmetic mean wanted (before clipping).
+        sigma: standard deviation of log(length).
+        lo, hi: clip bounds.
+        rng: the random source.
+    Returns:
+        The lengths.
+    """
+    mu = math.log(mean) - sigma * sigma / 2  # E[X] = exp(mu + sigma^2 / 2)
+    return [max(lo, min(hi, int(round(rng.lognormvariate(mu, sigma))))) for _ in range(n)]
+
+
+def mixed_workload(n: int, vocab: int, seed: int = 0, prompt_mean: float = 256,
+                   prompt_sigma: float = 0.8, output_mean: float = 128, output_sigma: float = 0.8,
+                   max_prompt: int = 1536, max_output: int = 512) -> List[BenchRequest]:
+    """The offline mixed workload: log-normal prompt and output lengths, random token ids."""
+    rng = random.Random(seed)
+    plens = lognormal_lengths(n, prompt_mean, prompt_sigma, 4, max_prompt, rng)
+    olens = lognormal_lengths(n, output_mean, output_sigma, 4, max_output, rng)
+    return [BenchRequest([rng.randrange(3, vocab) for _ in range(p)], o) for p, o in zip(plens, olens)]
+
+
+def uniform_workload(n: int, vocab: int, prompt_len: int, output_len: int, seed: int = 0) -> List[BenchRequest]:
+    """n requests of the same prompt and output lengths."""
+    rng = random.Random(seed)
+    return [BenchRequest([rng.randrange(3, vocab) for _ in range(prompt_len)], output_len) for _ in range(n)]
+
+
+def describe(reqs: List[BenchRequest]) -> dict:
+    """Means, spreads and totals of a workload, for the tables."""
+    def stats(xs):
+        m = sum(xs) / len(xs)
+        sd = (sum((x - m) ** 2 for x in xs) / len(xs)) ** 0.5
+        s = sorted(xs)
+        return {"mean": round(m, 1), "std": round(sd, 1), "min": s[0], "p50": s[len(s) // 2], "max": s[-1]}
+
+    return {"num_requests": len(reqs),
+            "prompt_len": stats([len(r.prompt_token_ids) for r in reqs]),
+            "output_len": stats([r.max_tokens for r in reqs]),
+            "total_output_tokens": sum(r.max_tokens for r in reqs)}
+
+
+def save(reqs: List[BenchRequest], path: Path) -> None:
+    """Writes a workload as JSON (for engines running in another process)."""
+    path.write_text(json.dumps([asdict(r) for r in reqs]))
+
+
+def load(path: Path) -> List[BenchRequest]:
+    """Reads a workload written by save()."""
+    return [BenchRequest(**d) for d in json.loads(Path(path).read_text())]
