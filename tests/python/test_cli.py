@@ -178,14 +178,15 @@ def test_monitor_against_a_busy_server(capsys, model):
 
         with httpx.Client(base_url=s.url, timeout=60) as c, c.stream(
                 "POST", "/v1/completions",
-                json={"prompt": "hello", "max_tokens": 200, "stream": True}) as r:
+                json={"prompt": "hello", "max_tokens": 1000, "stream": True}) as r:
             next(r.iter_lines())  # the request is running now
             code, out, err = run_cli(capsys, "monitor", "--url", s.url, "--once",
                                      "--metric", "running", "--metric", "cache_usage")
         assert code == 0, err
         running = next(line for line in out.splitlines() if "requests running" in line)
         assert running.split()[-1] == "1"
-        assert "(1/64 blocks)" in out or "(2/64 blocks)" in out
+        used = int(re.search(r"\((\d+)/64 blocks\)", out).group(1))
+        assert 1 <= used <= 63
         code, out, err = run_cli(capsys, "monitor", "--url", s.url, "--count", 2, "--interval",
                                  0.05, "--metric", "gen_throughput")
         assert code == 0 and out.count("pagedllm monitor:") == 2  # not a TTY: one per refresh
