@@ -129,6 +129,9 @@ def test_bench_file_workload_with_preemption(capsys, model, tmp_path):
 def test_info(capsys, tmp_path):
     code, out, err = run_cli(capsys, "info")
     assert code == 0 and "pagedllm 0." in out and "CUDA" in out and "CPU features" in out
+    from pagedllm import _core
+
+    assert f"compiled, {_core.cpu_kernel()} in use" in out
     code, out, _ = run_cli(capsys, "info", "--json")
     facts = json.loads(out)
     assert isinstance(facts["build"]["cuda_compiled"], bool) and facts["cpu"]["cores"] >= 1

@@ -1,6 +1,6 @@
 """Print what this build of pagedllm is and what it finds on this machine.
 
-Version, compiler, CPU kernels compiled in and CPU features found, CUDA (compiled in or not,
+Version, compiler, CPU features found, CPU kernels compiled in and the one in use, CUDA (compiled in or not,
 runtime and driver versions, GPUs), torch and its threads, the bundled default model. With
 --config, also validates the file and prints the resolved engine options (no model is loaded).
 
@@ -58,6 +58,8 @@ def collect() -> Dict[str, Any]:
     from pagedllm import _core
 
     build = dict(_core.build_info())
+    if hasattr(_core, "cpu_kernel"):
+        build["cpu_kernel_in_use"] = _core.cpu_kernel()
     facts: Dict[str, Any] = {"version": __version__, "python": platform.python_version(),
                              "platform": platform.platform(), "build": build,
                              "cpu": {"model": _cpu_model(), "cores": len(os.sched_getaffinity(0))}}
@@ -79,7 +81,8 @@ def format_facts(f: Dict[str, Any]) -> str:
              f"  compiler        {b.get('compiler', '?')}",
              f"  CPU             {f['cpu']['model']}, {f['cpu']['cores']} cores available",
              f"  CPU features    {' '.join(b.get('cpu_features', [])) or 'none detected'}",
-             f"  CPU kernels     {', '.join(b.get('cpu_kernels_compiled', [])) or 'none'}"]
+             f"  CPU kernels     {', '.join(b.get('cpu_kernels_compiled', [])) or 'none'} "
+             f"compiled, {b.get('cpu_kernel_in_use', '?')} in use"]
     if b.get("cuda_compiled"):
         gpus = b.get("gpu_names", [])
         lines.append(f"  CUDA            compiled in (runtime {b.get('cuda_runtime_version') or '?'}, "
