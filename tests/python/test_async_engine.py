@@ -5,12 +5,13 @@ so these tests check the threading and delivery machinery exactly and fast.
 """
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 
 import pytest
 
-from pagedllm.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from pagedllm.engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestStream, _Add
 from pagedllm.sampling_params import SamplingParams
 from server_fixtures import ScriptedEngine, scripted_completion
 
@@ -176,3 +177,19 @@ def _wait(cond, timeout=10.0):
     while not cond():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.01)
+
+
+def test_add_racing_a_shutdown_fails_instead_of_hanging():
+    # add_request checked the engine, then the thread stopped before the add was posted.
+    eng = AsyncLLMEngine(ScriptedEngine())
+    eng.start()
+    eng.shutdown(10)
+
+    async def go():
+        stream = RequestStream("r", asyncio.get_running_loop())
+        accepted = concurrent.futures.Future()
+        eng._post(_Add("r", prompt("x"), SamplingParams(max_tokens=1), None, 0, stream, accepted))
+        with pytest.raises(EngineDeadError):
+            await asyncio.wrap_future(accepted)
+
+    run(go())

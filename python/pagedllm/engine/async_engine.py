@@ -210,8 +210,13 @@ class AsyncLLMEngine:
 
     def _post(self, item: Any) -> None:
         with self._cond:
-            self._inbox.append(item)
-            self._cond.notify()
+            if not self._stop:
+                self._inbox.append(item)
+                self._cond.notify()
+                return
+        # The thread is stopping or gone: nobody will read the inbox again.
+        if isinstance(item, _Add) and item.accepted.set_running_or_notify_cancel():
+            item.accepted.set_exception(EngineDeadError(self._dead_message()))
 
     def _dead_message(self) -> str:
         if self._dead is not None:
