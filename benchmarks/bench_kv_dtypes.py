@@ -56,13 +56,18 @@ def measure(name: str, preset: str, overrides: dict) -> dict:
         write_random_checkpoint(d, preset, seed=0, **overrides)
         model, config = load_model(d)
     prompts = make_prompts(config.vocab_size, PARITY_PROMPT_LENGTHS, seed=1)
-    t0 = time.perf_counter()
     base = run(model, config, prompts, "auto")
-    base_s = time.perf_counter() - t0
     gen_rows = [lg[len(p) - 1:] for p, lg in zip(prompts, base.logits)]  # [65, vocab] each
     base_lp = [torch.log_softmax(r, -1) for r in gen_rows]
+    # how decisive the fp32 greedy choices are: gap between the top two logprobs
+    top2 = torch.cat([lp.topk(2, dim=-1).values for lp in base_lp])
+    gaps = (top2[:, 0] - top2[:, 1]).sort().values
     out = {"model": name, "preset": preset, "overrides": overrides,
-           "num_parameters": config.num_parameters(), "fp32_run_s": round(base_s, 3), "dtypes": {}}
+           "num_parameters": config.num_parameters(),
+           "fp32_top2_gap_median": float(f"{float(gaps[len(gaps) // 2]):.3g}"),
+           "fp32_top2_gap_p10": float(f"{float(gaps[len(gaps) // 10]):.3g}"), "dtypes": {}}
+    print(f"{name:12s} fp32 top-2 logprob gap: median {out['fp32_top2_gap_median']}, "
+          f"10th percentile {out['fp32_top2_gap_p10']}", flush=True)
     for dt in DTYPES:
         free = run(model, config, prompts, dt)
         same = [sum(a == b for a, b in zip(x, y)) for x, y in zip(free.tokens, base.tokens)]

@@ -9,5 +9,6 @@ namespace pagedllm::python {
 void bind_build_info(pybind11::module_& m);
 void bind_core(pybind11::module_& m);
 void bind_kernels(pybind11::module_& m);  // bind_kernels.cpp, when the CPU kernels are built
+void bind_cuda(pybind11::module_& m);     // bind_cuda.cpp: submodule `cuda`, when CUDA is built
 
 }  // namespace pagedllm::python

@@ -55,7 +55,29 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
+bool Tensor::borrow_from_exchange_api(py::handle obj) {
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()));
+  PyObject* cap = PyObject_GetAttrString(type, "__dlpack_c_exchange_api__");
+  if (!cap) {
+    PyErr_Clear();
+    return false;
+  }
+  const py::object holder = py::reinterpret_steal<py::object>(cap);
+  if (!PyCapsule_IsValid(cap, "dlpack_exchange_api")) return false;
+  const auto* api =
+      static_cast<const dlpack::DLPackExchangeAPI*>(PyCapsule_GetPointer(cap, "dlpack_exchange_api"));
+  if (!api || api->header.version.major != 1 || !api->dltensor_from_py_object_no_sync) return false;
+  if (api->dltensor_from_py_object_no_sync(obj.ptr(), &borrowed_) != 0) throw py::error_already_set();
+  owner_ = py::reinterpret_borrow<py::object>(obj);
+  tensor_ = &borrowed_;
+  return true;
+}
+
 Tensor::Tensor(py::handle obj, const char* name) : name_(name) {
+  if (borrow_from_exchange_api(obj)) {
+    dtype_ = classify(tensor_->dtype);
+    return;
+  }
   PAGEDLLM_CHECK_ARG(py::hasattr(obj, "__dlpack__"),
                      name << " must be a torch.Tensor or numpy.ndarray (an object with "
                              "__dlpack__), got "
@@ -93,7 +115,9 @@ Tensor::Tensor(py::handle obj, const char* name) : name_(name) {
 
 Tensor::Tensor(Tensor&& other) noexcept
     : name_(other.name_),
-      tensor_(other.tensor_),
+      owner_(std::move(other.owner_)),
+      borrowed_(other.borrowed_),
+      tensor_(other.tensor_ == &other.borrowed_ ? &borrowed_ : other.tensor_),
       legacy_(other.legacy_),
       versioned_(other.versioned_),
       dtype_(other.dtype_),

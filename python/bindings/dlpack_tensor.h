@@ -1,10 +1,13 @@
 // dlpack_tensor.h — borrowing torch tensors / numpy arrays zero-copy through DLPack.
 //
 // The structs below are this project's own declarations of the DLPack C ABI (v1.x, from the
-// public specification at dmlc/dlpack): only the fields the kernels read. A Tensor asks the
-// object for a capsule (`__dlpack__(max_version=(1, 0))`, falling back to the legacy
-// unversioned `__dlpack__()`), marks the capsule used, and calls the producer's deleter when it
-// is destroyed. It never links torch.
+// public specification at dmlc/dlpack): only the fields the kernels read. A Tensor first tries
+// the producer's C exchange table (`type(obj).__dlpack_c_exchange_api__`, torch >= 2.9): it
+// fills a DLTensor that borrows from the object in well under a microsecond, and the Tensor
+// keeps a reference to the object. Otherwise it asks for a capsule
+// (`__dlpack__(max_version=(1, 0))`, falling back to the legacy unversioned `__dlpack__()`),
+// marks it used, and calls the producer's deleter when destroyed. It never links torch.
+// Callers must not resize or re-point a tensor while a kernel borrows it.
 // Thread-safety: create and destroy with the GIL held (deleters may touch Python objects); the
 // accessors are plain reads, safe without the GIL while the Tensor lives.
 #pragma once
@@ -58,6 +61,22 @@ struct DLManagedTensorVersioned {  // capsule "dltensor_versioned" (DLPack >= 1.
   DLTensor dl_tensor;
 };
 
+// The C exchange table a producer may publish on its type (capsule "dlpack_exchange_api").
+struct DLPackExchangeAPIHeader {
+  DLPackVersion version;
+  DLPackExchangeAPIHeader* prev_api;
+};
+
+struct DLPackExchangeAPI {
+  DLPackExchangeAPIHeader header;
+  void* managed_tensor_allocator;
+  void* managed_tensor_from_py_object_no_sync;
+  void* managed_tensor_to_py_object_no_sync;
+  // Fills `out` with a view borrowing from the object; 0 on success, -1 with a Python error set.
+  int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out);
+  void* current_work_stream;
+};
+
 constexpr int32_t kDLCPU = 1;
 constexpr int32_t kDLCUDA = 2;
 constexpr int32_t kDLCUDAHost = 3;
@@ -104,7 +123,12 @@ class Tensor {
   void require_inner_contiguous(int from) const;
 
  private:
+  // Fast path: the producer's exchange table filled borrowed_; owner_ keeps the object alive.
+  bool borrow_from_exchange_api(pybind11::handle obj);
+
   const char* name_;
+  pybind11::object owner_;
+  dlpack::DLTensor borrowed_{};
   dlpack::DLTensor* tensor_ = nullptr;
   dlpack::DLManagedTensor* legacy_ = nullptr;
   dlpack::DLManagedTensorVersioned* versioned_ = nullptr;

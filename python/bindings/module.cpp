@@ -34,4 +34,7 @@ PYBIND11_MODULE(_core, m) {
 #ifdef PAGEDLLM_WITH_KERNELS
   pagedllm::python::bind_kernels(m);
 #endif
+#ifdef PAGEDLLM_WITH_CUDA
+  pagedllm::python::bind_cuda(m);
+#endif
 }

@@ -56,6 +56,7 @@ class LLM:
             max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching, seed=seed,
             **kwargs)
         self.engine = LLMEngine(config)
+        self.engine.stream_outputs = False  # generate() only needs finished requests
         self._request_counter = itertools.count()
 
     @classmethod

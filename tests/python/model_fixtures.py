@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
+import pytest
 import torch
 
 from pagedllm import _core
@@ -64,7 +65,7 @@ class PagedRunner:
                  enable_prefix_caching: bool = False) -> None:
         self.model = model
         self.manager = _core.KVCacheManager(num_blocks, block_size, enable_prefix_caching)
-        self.kv = PagedKVCache(config, num_blocks, block_size, kv_cache_dtype)
+        self.kv = PagedKVCache(config, num_blocks, block_size, kv_cache_dtype, dtype=model.dtype)
         self._next_id = 0
         self.mixed_steps = 0  # steps that had both decode and prefill sequences
 
@@ -210,3 +211,16 @@ def write_sentencepiece_style_tokenizer(path: str | os.PathLike) -> None:
     tk.save(os.path.join(path, "tokenizer.json"))
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
         f.write('{"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": true}')
+
+
+@pytest.fixture(scope="module", autouse=False)
+def torch_one_thread():
+    """Runs a test module with one torch thread, then restores the setting.
+
+    The model tests use tiny matrices, where a second OpenMP thread only adds synchronisation;
+    on a busy machine, spinning OpenMP workers made these modules over 10x slower.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

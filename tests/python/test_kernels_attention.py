@@ -25,15 +25,31 @@ ACT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 GROUPS = [(8, 8), (8, 2), (32, 4), (16, 2), (8, 1), (32, 1)]  # (num_heads, num_kv_heads)
 
 
-@pytest.fixture(params=["avx2", "generic"])
-def kernel(request):
-    """Runs the test once per kernel variant (AVX2 skipped where the CPU lacks it)."""
-    if request.param == "avx2" and "avx2" not in _core.build_info()["cpu_kernels_compiled"]:
+def select_kernel(name: str) -> None:
+    """Makes the calls use kernel `name` (AVX2 skipped where not compiled or not supported)."""
+    if name == "avx2" and "avx2" not in _core.build_info()["cpu_kernels_compiled"]:
         pytest.skip("AVX2 kernels not compiled on this platform")
-    _core.force_generic_kernels(request.param == "generic")
-    if request.param == "avx2" and _core.cpu_kernel() != "avx2":
+    _core.force_generic_kernels(name == "generic")
+    if name == "avx2" and _core.cpu_kernel() != "avx2":
         _core.force_generic_kernels(False)
         pytest.skip("this CPU lacks AVX2/FMA/F16C")
+
+
+@pytest.fixture(params=["avx2", "generic"])
+def kernel(request):
+    """Runs the test once per kernel variant."""
+    select_kernel(request.param)
+    yield request.param
+    _core.force_generic_kernels(False)
+
+
+# The random matrices: 12 seeds on the fast kernel, 6 on the (slower) portable one.
+MATRIX = [("avx2", s) for s in range(12)] + [("generic", s) for s in range(6)]
+
+
+@pytest.fixture
+def matrix_kernel(request):
+    select_kernel(request.param)
     yield request.param
     _core.force_generic_kernels(False)
 
@@ -111,8 +127,8 @@ def random_lens(rng: random.Random, block_size: int, count: int) -> list[int]:
     return picks
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_decode_random_matrix(kernel, seed):
+@pytest.mark.parametrize("matrix_kernel,seed", MATRIX, indirect=["matrix_kernel"])
+def test_decode_random_matrix(matrix_kernel, seed):
     rng = random.Random(1000 + seed)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(3):
@@ -124,8 +140,8 @@ def test_decode_random_matrix(kernel, seed):
                    pool_layers=rng.choice([0, 0, 3]), strided_query=rng.random() < 0.3)
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_prefill_random_matrix(kernel, seed):
+@pytest.mark.parametrize("matrix_kernel,seed", MATRIX, indirect=["matrix_kernel"])
+def test_prefill_random_matrix(matrix_kernel, seed):
     rng = random.Random(2000 + seed)
     gen = torch.Generator().manual_seed(100 + seed)
     for _ in range(3):

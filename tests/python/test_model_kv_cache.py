@@ -42,9 +42,10 @@ def test_bad_arguments():
         PagedKVCache(CONFIG, 3, 16, kv_cache_dtype="fp8", k_scale=0.0)
 
 
-def test_copy_blocks_copies_whole_blocks_across_layers():
-    kv = PagedKVCache(CONFIG, num_blocks=6, block_size=2)
-    kv.pool.copy_(torch.randn(kv.pool.shape))
+@pytest.mark.parametrize("kv_dtype", ["auto", "bf16", "fp8"])
+def test_copy_blocks_copies_whole_blocks_across_layers(kv_dtype):
+    kv = PagedKVCache(CONFIG, num_blocks=6, block_size=2, kv_cache_dtype=kv_dtype)
+    kv.pool.copy_(torch.randint(0, 100, kv.pool.shape))
     before = kv.pool.clone()
     kv.copy_blocks(torch.tensor([[1, 4], [2, 5]], dtype=torch.int32))
     assert torch.equal(kv.pool[4], before[1]) and torch.equal(kv.pool[5], before[2])

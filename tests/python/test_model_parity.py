@@ -18,9 +18,12 @@ import torch
 
 from model_fixtures import (PARITY_PROMPT_LENGTHS, PagedRunner, blocks_needed, hf_logits, load_hf,
                             make_prompts)
+from model_fixtures import torch_one_thread  # noqa: F401  (fixture)
 from pagedllm.model import load_model, write_random_checkpoint
 
-LOGIT_RTOL = 2e-5
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+LOGIT_RTOL = 5e-5
 DECODE_STEPS = 64
 MAX_NEW_TOKENS = DECODE_STEPS + 1  # the first token comes from the prefill step
 CHUNK = 13
@@ -132,4 +135,4 @@ def test_parity_check_is_sensitive(ref):
     for p, toks, ours in zip(ref.prompts[-4:], result.tokens, result.logits):
         reference = ref.logits(p + toks[:-1])
         worst = max(worst, float((ours - reference).abs().max()) / float(reference.abs().max()))
-    assert worst > 100 * LOGIT_RTOL
+    assert worst > 1000 * LOGIT_RTOL

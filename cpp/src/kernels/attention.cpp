@@ -92,10 +92,18 @@ AttendTask make_task(const AttentionParams& p, int seq, int kvh, const float* q,
   return t;
 }
 
-float query_mul(const AttentionParams& p) {
-  return p.scale * (is_fp8(p.cache.dtype) ? p.cache.k_scale : 1.0f);
+// Factor on the query: softmax scale, fp8 k_scale, and undoing the engine's e4m3 read factor.
+float query_mul(const AttentionParams& p, const EngineOps& ops) {
+  if (!is_fp8(p.cache.dtype)) return p.scale;
+  const float read = p.cache.dtype == CacheType::kFp8E4M3 ? ops.e4m3_read_mul : 1.0f;
+  return p.scale * p.cache.k_scale / read;
 }
-float value_mul(const AttentionParams& p) { return is_fp8(p.cache.dtype) ? p.cache.v_scale : 1.0f; }
+// Factor on the output: fp8 v_scale and the engine's e4m3 read factor.
+float value_mul(const AttentionParams& p, const EngineOps& ops) {
+  if (!is_fp8(p.cache.dtype)) return 1.0f;
+  const float read = p.cache.dtype == CacheType::kFp8E4M3 ? ops.e4m3_read_mul : 1.0f;
+  return p.cache.v_scale / read;
+}
 
 // Partition length (tokens) for decode: the whole context unless that leaves threads idle.
 int decode_partition_len(const AttentionParams& p, int max_len) {
@@ -120,8 +128,8 @@ void paged_attention_decode(const AttentionParams& p) {
   const int max_len = *std::max_element(p.context_lens, p.context_lens + p.num_seqs);
   const int part_len = decode_partition_len(p, max_len);
   const int parts = std::max(1, (max_len + part_len - 1) / part_len);
-  const float qmul = query_mul(p);
-  const float vmul = value_mul(p);
+  const float qmul = query_mul(p, ops);
+  const float vmul = value_mul(p, ops);
 
   // Split-K partials: [num_seqs, kv heads, parts, group] x (max, sum, acc[hd]).
   const int64_t num_partials = static_cast<int64_t>(p.num_seqs) * kvh_count * parts * group;
@@ -199,8 +207,8 @@ void paged_attention_prefill(const AttentionParams& p) {
   const int group = p.num_heads / kvh_count;
   const int hd = p.cache.head_dim;
   const int tile_tokens = std::max(1, kPrefillRows / group);
-  const float qmul = query_mul(p);
-  const float vmul = value_mul(p);
+  const float qmul = query_mul(p, ops);
+  const float vmul = value_mul(p, ops);
 
   // Tasks: (sequence, first query token of the tile), the deepest tiles first so the costly
   // ones start early; each runs for every KV head.

@@ -40,6 +40,9 @@ struct EngineOps {
   const char* name;
   // Runs one task (updates acc / row_max / row_sum).
   void (*attend)(const AttendTask& task);
+  // The engine reads an fp8 e4m3 element as its value times this power of two (a cheaper
+  // decode); the caller multiplies the query and the output by its inverse, exactly.
+  float e4m3_read_mul;
 };
 
 // The portable engine (always compiled).

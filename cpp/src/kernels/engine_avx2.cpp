@@ -74,15 +74,27 @@ inline V8 vexp(V8 x) {
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-// 8 fp8 e4m3fn bytes as IEEE halves: the sign to bit 15, exponent and mantissa shifted so the
-// half's value is the fp8 value * 2^-8 (exact, subnormals included); 0x7F -> NaN.
-inline __m128i e4m3_to_half_scaled(__m128i w) {
-  const __m128i mag = _mm_and_si128(w, _mm_set1_epi16(0x7F));
-  const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
-  const __m128i h = _mm_or_si128(sign, _mm_slli_epi16(mag, 7));
-  const __m128i nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F));
+// fp8 e4m3fn bytes (zero-extended to 16-bit lanes) as IEEE halves of value * 2^-8, exact,
+// subnormals included: shifting the byte to the top and back by one (arithmetic) gives
+// s s eeee mmm 0000000; clearing bit 14 leaves s 0 eeee mmm 0000000, a half whose exponent is
+// the fp8 one rebiased by -8. The NaN byte (magnitude 0x7F) is turned into a half NaN.
+inline __m128i e4m3_to_half(__m128i w) {
+  const __m128i t = _mm_srai_epi16(_mm_slli_epi16(w, 8), 1);
+  const __m128i h = _mm_and_si128(t, _mm_set1_epi16(static_cast<short>(0xBFFF)));
+  const __m128i mag = _mm_and_si128(t, _mm_set1_epi16(0x3F80));
+  const __m128i nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3F80));
   return _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7E00)));
 }
+
+inline __m256i e4m3_to_half(__m256i w) {
+  const __m256i t = _mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1);
+  const __m256i h = _mm256_and_si256(t, _mm256_set1_epi16(static_cast<short>(0xBFFF)));
+  const __m256i mag = _mm256_and_si256(t, _mm256_set1_epi16(0x3F80));
+  const __m256i nan = _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3F80));
+  return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7E00)));
+}
+
+constexpr float kE4M3ReadMul = 1.0f / 256.0f;  // e4m3 reads come out times 2^-8
 
 template <CacheType CT>
 inline V8 vload_cache(const uint8_t* p) {
@@ -99,7 +111,21 @@ inline V8 vload_cache(const uint8_t* p) {
     return _mm256_cvtph_ps(_mm_slli_epi16(w, 8));
   } else {
     const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_mul_ps(_mm256_cvtph_ps(e4m3_to_half_scaled(w)), _mm256_set1_ps(256.0f));
+    return _mm256_cvtph_ps(e4m3_to_half(w));
+  }
+}
+
+// 16 elements: the fp8 types convert all 16 in one 256-bit integer pass.
+template <CacheType CT>
+inline void vload_cache2(const uint8_t* p, V8* lo, V8* hi) {
+  if constexpr (CT == CacheType::kFp8E4M3 || CT == CacheType::kFp8E5M2) {
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i h = CT == CacheType::kFp8E5M2 ? _mm256_slli_epi16(w, 8) : e4m3_to_half(w);
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+  } else {
+    *lo = vload_cache<CT>(p);
+    *hi = vload_cache<CT>(p + (CT == CacheType::kFloat32 ? 32 : 16));
   }
 }
 
@@ -111,7 +137,8 @@ inline V8 vload_cache(const uint8_t* p) {
 namespace pagedllm::kernels {
 
 const EngineOps& avx2_engine() {
-  static const EngineOps ops{"avx2", &PAGEDLLM_ENGINE_NS::attend_task};
+  static const EngineOps ops{"avx2", &PAGEDLLM_ENGINE_NS::attend_task,
+                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul};
   return ops;
 }
 

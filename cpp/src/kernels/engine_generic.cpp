@@ -25,8 +25,9 @@ inline V8 vload(const float* p) {
 inline void vstore(float* p, V8 v) {
   for (int i = 0; i < 8; ++i) p[i] = v.x[i];
 }
+// a * b + c (two roundings: std::fma would be a slow library call without hardware FMA).
 inline V8 vfmadd(V8 a, V8 b, V8 c) {
-  for (int i = 0; i < 8; ++i) c.x[i] = std::fma(a.x[i], b.x[i], c.x[i]);
+  for (int i = 0; i < 8; ++i) c.x[i] += a.x[i] * b.x[i];
   return c;
 }
 inline V8 vadd(V8 a, V8 b) {
@@ -67,6 +68,17 @@ inline V8 vload_cache(const uint8_t* p) {
   return v;
 }
 
+template <CacheType CT>
+inline void vload_cache2(const uint8_t* p, V8* lo, V8* hi) {
+  *lo = vload_cache<CT>(p);
+  constexpr int kBytes = CT == CacheType::kFloat32                                 ? 4
+                         : (CT == CacheType::kFloat16 || CT == CacheType::kBFloat16) ? 2
+                                                                                     : 1;
+  *hi = vload_cache<CT>(p + 8 * kBytes);
+}
+
+constexpr float kE4M3ReadMul = 1.0f;  // exact table decode
+
 }  // namespace
 }  // namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS
 
@@ -75,7 +87,8 @@ inline V8 vload_cache(const uint8_t* p) {
 namespace pagedllm::kernels {
 
 const EngineOps& generic_engine() {
-  static const EngineOps ops{"generic", &PAGEDLLM_ENGINE_NS::attend_task};
+  static const EngineOps ops{"generic", &PAGEDLLM_ENGINE_NS::attend_task,
+                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul};
   return ops;
 }
 

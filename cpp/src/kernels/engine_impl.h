@@ -6,7 +6,10 @@
 //   vzero() vset1(f) vload(const float*) vstore(float*, V8) vfmadd(a, b, c) = a * b + c
 //   vadd(a, b) vmul(a, b) vmax(a, b) vexp(V8) (exp(-inf) = 0) vhmax(V8) vhsum(V8)
 //   vsum8(const V8 a[8]) -> lane i = sum of the lanes of a[i]
-//   vload_cache<CacheType>(const uint8_t*) -> 8 cache elements as exact floats
+//   vload_cache<CacheType>(const uint8_t*) -> 8 cache elements as floats
+//   vload_cache2<CacheType>(const uint8_t*, V8* lo, V8* hi) -> 16 of them
+//   kE4M3ReadMul: what vload_cache multiplies an fp8 e4m3 value by (a power of two that the
+//   caller folds into the query and output scales; every other type reads exactly)
 // then includes this file, which adds attend_task() in the same namespaces. Everything has
 // internal linkage, so the two compilations never meet at link time (no ODR hazard), and this
 // file uses no standard-library code for the same reason.
@@ -23,7 +26,7 @@
 namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS {
 namespace {
 
-constexpr int kChunk = 32;   // tokens per chunk
+constexpr int kChunk = 128;  // most tokens per chunk (array sizes)
 constexpr int kTile = 8;     // accumulators per register tile
 constexpr float kNegInf = -__builtin_inff();
 
@@ -35,6 +38,13 @@ constexpr int cache_elem_size() {
   return CT == CacheType::kFloat32 ? 4
          : (CT == CacheType::kFloat16 || CT == CacheType::kBFloat16) ? 2
                                                                       : 1;
+}
+
+// Tokens per chunk: 128 bytes of each head_dim element per chunk whatever the type (32 fp32
+// tokens, 64 half, 128 fp8), so a chunk's prefetch covers about the same memory time.
+template <CacheType CT>
+constexpr int chunk_tokens() {
+  return 128 / cache_elem_size<CT>();
 }
 
 // Row addresses of the tokens of one chunk.
@@ -55,12 +65,21 @@ void tile_scores(const float* q, int hd, const Chunk& c, int n, float (*s)[kChun
     for (int j = 0; j < TT; ++j) kp[j] = c.k[imin(t0 + j, n - 1)];  // tail: repeat, then drop
     V8 acc[kTile];
     for (int i = 0; i < kTile; ++i) acc[i] = vzero();
-    for (int d = 0; d < hd; d += 8) {
-      V8 kv[TT];
-      for (int j = 0; j < TT; ++j) kv[j] = vload_cache<CT>(kp[j] + d * es);
-      for (int r = 0; r < R; ++r) {
-        const V8 qv = vload(q + r * hd + d);
-        for (int j = 0; j < TT; ++j) acc[r * TT + j] = vfmadd(qv, kv[j], acc[r * TT + j]);
+    int d = 0;
+    for (; d + 16 <= hd; d += 16) {  // 16 elements per load: wide conversions
+      for (int j = 0; j < TT; ++j) {
+        V8 lo, hi;
+        vload_cache2<CT>(kp[j] + d * es, &lo, &hi);
+        for (int r = 0; r < R; ++r) {
+          acc[r * TT + j] = vfmadd(vload(q + r * hd + d), lo, acc[r * TT + j]);
+          acc[r * TT + j] = vfmadd(vload(q + r * hd + d + 8), hi, acc[r * TT + j]);
+        }
+      }
+    }
+    for (; d < hd; d += 8) {
+      for (int j = 0; j < TT; ++j) {
+        const V8 kv = vload_cache<CT>(kp[j] + d * es);
+        for (int r = 0; r < R; ++r) acc[r * TT + j] = vfmadd(vload(q + r * hd + d), kv, acc[r * TT + j]);
       }
     }
     alignas(32) float sums[kTile];
@@ -110,7 +129,12 @@ int tile_values(const Chunk& c, int n, float (*p)[kChunk], float* acc, int hd, i
       for (int cc = 0; cc < CC; ++cc) o[r * CC + cc] = vload(acc + r * hd + d + 8 * cc);
     for (int t = 0; t < n; ++t) {
       V8 vv[CC];
-      for (int cc = 0; cc < CC; ++cc) vv[cc] = vload_cache<CT>(c.v[t] + (d + 8 * cc) * es);
+      if constexpr (CC % 2 == 0) {
+        for (int cc = 0; cc < CC; cc += 2)
+          vload_cache2<CT>(c.v[t] + (d + 8 * cc) * es, &vv[cc], &vv[cc + 1]);
+      } else {
+        for (int cc = 0; cc < CC; ++cc) vv[cc] = vload_cache<CT>(c.v[t] + (d + 8 * cc) * es);
+      }
       for (int r = 0; r < R; ++r) {
         const V8 pr = vset1(p[r][t]);
         for (int cc = 0; cc < CC; ++cc) o[r * CC + cc] = vfmadd(pr, vv[cc], o[r * CC + cc]);
@@ -163,29 +187,61 @@ void attend_rows(const AttendTask& task, int row0, int rows, const Chunk& c) {
   }
 }
 
+// Gathers the row addresses of the tokens [pos0, pos0 + n) of the task's sequence.
+template <CacheType CT>
+void gather_chunk(const AttendTask& task, int pos0, int n, Chunk* c) {
+  const int64_t token_bytes = static_cast<int64_t>(task.head_dim) * cache_elem_size<CT>();
+  c->pos0 = pos0;
+  c->n = n;
+  int block = pos0 / task.block_size;
+  int offset = pos0 - block * task.block_size;
+  for (int i = 0; i < n; ++i) {
+    const int64_t id = task.block_table[block];
+    c->k[i] = task.key_head + id * task.key_block_stride_bytes + offset * token_bytes;
+    c->v[i] = task.value_head + id * task.value_block_stride_bytes + offset * token_bytes;
+    if (++offset == task.block_size) {
+      offset = 0;
+      ++block;
+    }
+  }
+}
+
+// Asks the memory system for every cache line of a chunk's K and V rows. Blocks are scattered,
+// so the hardware prefetchers cannot run ahead across them; this keeps the next chunk's loads
+// in flight while the current one computes.
+template <CacheType CT>
+void prefetch_chunk(const Chunk& c, int head_dim) {
+  const int token_bytes = head_dim * cache_elem_size<CT>();
+  for (int i = 0; i < c.n; ++i) {
+    for (int b = 0; b < token_bytes; b += 64) {
+      __builtin_prefetch(c.k[i] + b, 0, 2);
+      __builtin_prefetch(c.v[i] + b, 0, 2);
+    }
+  }
+}
+
 template <CacheType CT>
 void attend_typed(const AttendTask& task) {
   int limit = 0;
   for (int r = 0; r < task.num_rows; ++r) limit = imax(limit, task.row_limit[r]);
   const int end = imin(task.token_end, limit);
-  const int64_t token_bytes = static_cast<int64_t>(task.head_dim) * cache_elem_size<CT>();
-  Chunk c;
-  for (int pos0 = task.token_begin; pos0 < end; pos0 += kChunk) {
-    c.pos0 = pos0;
-    c.n = imin(kChunk, end - pos0);
-    int block = pos0 / task.block_size;
-    int offset = pos0 - block * task.block_size;
-    for (int i = 0; i < c.n; ++i) {
-      const int64_t id = task.block_table[block];
-      c.k[i] = task.key_head + id * task.key_block_stride_bytes + offset * token_bytes;
-      c.v[i] = task.value_head + id * task.value_block_stride_bytes + offset * token_bytes;
-      if (++offset == task.block_size) {
-        offset = 0;
-        ++block;
-      }
+  if (task.token_begin >= end) return;
+  Chunk chunks[2];
+  int cur = 0;
+  constexpr int kTokens = chunk_tokens<CT>();
+  gather_chunk<CT>(task, task.token_begin, imin(kTokens, end - task.token_begin), &chunks[cur]);
+  prefetch_chunk<CT>(chunks[cur], task.head_dim);
+  for (;;) {
+    const Chunk& c = chunks[cur];
+    const int next_pos = c.pos0 + c.n;
+    if (next_pos < end) {
+      gather_chunk<CT>(task, next_pos, imin(kTokens, end - next_pos), &chunks[cur ^ 1]);
+      prefetch_chunk<CT>(chunks[cur ^ 1], task.head_dim);
     }
     for (int row0 = 0; row0 < task.num_rows; row0 += kTile)
       attend_rows<CT>(task, row0, imin(kTile, task.num_rows - row0), c);
+    if (next_pos >= end) break;
+    cur ^= 1;
   }
 }
 

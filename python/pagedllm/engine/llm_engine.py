@@ -93,6 +93,9 @@ class LLMEngine:
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.num_steps = 0
+        # False: step() returns outputs of finished requests only (offline use: saves copying
+        # every running request's tokens each step).
+        self.stream_outputs = True
         # Called after each step is scheduled with the KV pool's stats (benchmarks, monitors).
         self.on_step: Optional[Callable[[dict], None]] = None
 
@@ -208,7 +211,8 @@ class LLMEngine:
         """Runs one scheduling + model + sampling step.
 
         Returns:
-            A RequestOutput for every (non-beam) request that got new tokens or finished.
+            A RequestOutput for every (non-beam) request that got new tokens or finished (only
+            the finished ones when stream_outputs is False).
         """
         out = self.scheduler.schedule()
         if out.is_empty:
@@ -249,9 +253,10 @@ class LLMEngine:
                                         self.max_model_len, self._free_beam)
                     self.num_generation_tokens += len(req.seqs)
                 continue
-            outputs.append(OutputProcessor.request_output(req))
             if req.finished:
                 self.requests.pop(req.request_id, None)
+            if req.finished or self.stream_outputs:
+                outputs.append(OutputProcessor.request_output(req))
         return outputs
 
     def _free_beam(self, seq) -> None:

@@ -71,8 +71,12 @@ class Sampler:
         """
         if not targets:
             return []
-        rows = torch.as_tensor([t.row for t in targets], dtype=torch.long)
-        raw = logits.index_select(0, rows).float()  # [S, vocab]
+        row_ids = [t.row for t in targets]
+        if row_ids == list(range(logits.shape[0])):
+            raw = logits.float()  # one target per row, in order: no gather copy
+        else:
+            raw = logits.index_select(0, torch.as_tensor(row_ids, dtype=torch.long)).float()
+        # raw: [S, vocab]
         need_lp = [t.params.logprobs is not None or t.params.best_of > t.params.n for t in targets]
         raw_lp = torch.log_softmax(raw, dim=-1) if any(need_lp) else None  # [S, vocab]
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from pagedllm import _core
 from pagedllm.model.config import ModelConfig
 
 # kv_cache_dtype name -> (storage torch dtype, None meaning the model dtype; the name the kernels
@@ -105,18 +106,13 @@ class PagedKVCache:
 
         Args:
             pairs: [k, 2] int32 (src, dst) rows, as KVCacheManager.append returns for
-                copy-on-write. No dst may also appear as a src.
+                copy-on-write. Destinations distinct and never also a source.
         Raises:
-            ValueError / IndexError: a malformed pairs tensor or an id outside the pool.
+            ValueError / IndexError: a malformed pairs tensor or an id outside the pool (from
+                _core.copy_blocks, before anything is copied).
         """
         pairs = torch.as_tensor(pairs)
         if pairs.numel() == 0:
             return
-        if pairs.dim() != 2 or pairs.shape[1] != 2 or pairs.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"pairs: expected an int32 [k, 2] tensor, got {pairs.dtype} {list(pairs.shape)}")
-        lo, hi = int(pairs.min()), int(pairs.max())
-        if lo < 0 or hi >= self.num_blocks:
-            raise IndexError(f"copy_blocks: block id {lo if lo < 0 else hi} outside [0, {self.num_blocks})")
-        src, dst = pairs[:, 0].long(), pairs[:, 1].long()
-        # index_copy_ of whole rows: each block is one contiguous run of the pool.
-        self.pool.index_copy_(0, dst, self.pool.index_select(0, src))
+        # the pool's first dim is blocks and each block is contiguous: one copy per pair
+        _core.copy_blocks([self.pool], pairs)

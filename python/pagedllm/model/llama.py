@@ -52,7 +52,12 @@ class Embedding(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """weight * x / sqrt(mean(x^2) + eps) over the last dim."""
+    """weight * x / sqrt(mean(x^2) + eps) over the last dim, statistics in float32.
+
+    float32: F.rms_norm (one fused kernel, bitwise equal to transformers' LlamaRMSNorm).
+    bfloat16: transformers' exact sequence (normalise in fp32, round, then scale), which the fused
+    kernel does not reproduce.
+    """
 
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
@@ -62,7 +67,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [n, hidden_size] -> [n, hidden_size]
-        return F.rms_norm(x, self.shape, self.weight, self.eps)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.shape, self.weight, self.eps)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
 
 
 class LlamaAttention(nn.Module):

@@ -1,0 +1,200 @@
+"""Benchmark of the CPU paged-attention kernels against memory bandwidth and torch SDPA.
+
+Decode: batch x context grid, 32 query / 8 KV heads, head_dim 128, block 16, K/V in randomly
+permuted blocks, storage fp32 / bf16 / fp8 (e4m3). For each case, in interleaved rounds: the
+machine's read bandwidth (a 1 GiB float32 sum in C++ on all kernel threads, which also evicts
+the caches), the paged kernel, and torch's scaled_dot_product_attention over the same data laid
+out contiguously ([B, H, L, D]; fp8 has no SDPA, so its baseline is SDPA on bf16). Reported:
+K/V bytes read per second, that as a fraction of the bandwidth measured in the same rounds, and
+SDPA time / kernel time (medians).
+Prefill: causal attention of whole prompts, tokens per second against causal SDPA.
+
+Usage: PYTHONPATH=python python benchmarks/bench_attention.py [--quick] [--rounds N]
+Writes benchmarks/results/attention.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pagedllm import _core
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
+STORAGE = {"fp32": (torch.float32, "auto"), "bf16": (torch.bfloat16, "auto"),
+           "fp8": (torch.uint8, "fp8")}
+MAX_TOKENS = 65536  # batch * context cap: keeps fp32 K/V + its contiguous copy near 1 GiB
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+class Bandwidth:
+    """Read bandwidth probe: sum of a 1 GiB float32 buffer with the kernel thread pool."""
+
+    def __init__(self, gib: float = 1.0):
+        self.buf = torch.ones(int(gib * (1 << 30)) // 4)
+        _core.stream_read_sum(self.buf)
+
+    def measure(self) -> float:
+        return self.buf.numel() * 4 / timed(lambda: _core.stream_read_sum(self.buf))
+
+
+def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator):
+    """Paged caches (blocks permuted), tables, query, and the contiguous copy SDPA reads."""
+    dtype, kv_cache_dtype = STORAGE[storage]
+    blocks = batch * ctx // BLOCK
+    if dtype == torch.uint8:  # fp8 bytes of N(0, 1) values (k_scale = v_scale = 1)
+        kc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen)
+        kc = kc.to(torch.float8_e4m3fn).view(torch.uint8)
+        vc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen)
+        vc = vc.to(torch.float8_e4m3fn).view(torch.uint8)
+    else:
+        kc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen).to(dtype)
+        vc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen).to(dtype)
+    tables = torch.randperm(blocks, generator=gen).to(torch.int32).reshape(batch, ctx // BLOCK)
+    lens = torch.full((batch,), ctx, dtype=torch.int32)
+    act = torch.float32 if dtype == torch.uint8 else dtype
+    q = torch.randn((batch, HEADS, HEAD_DIM), generator=gen).to(act)
+
+    def contiguous(cache):  # [B, KVH, L, D] in SDPA's dtype (fp8 -> bf16)
+        c = cache[tables.long()]  # [B, L/bs, KVH, bs, D]
+        if dtype == torch.uint8:
+            c = c.view(torch.float8_e4m3fn).to(torch.bfloat16)
+        return c.permute(0, 2, 1, 3, 4).reshape(batch, KV_HEADS, ctx, HEAD_DIM).contiguous()
+
+    k_sdpa, v_sdpa = contiguous(kc), contiguous(vc)
+    q_sdpa = q.to(k_sdpa.dtype).reshape(batch, HEADS, 1, HEAD_DIM)
+    return dict(kc=kc, vc=vc, tables=tables, lens=lens, q=q, out=torch.empty_like(q),
+                kv_cache_dtype=kv_cache_dtype, q_sdpa=q_sdpa, k_sdpa=k_sdpa, v_sdpa=v_sdpa,
+                kv_bytes=2 * batch * ctx * KV_HEADS * HEAD_DIM * kc.element_size())
+
+
+def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen) -> dict:
+    c = make_decode_case(batch, ctx, storage, gen)
+    scale = 1.0 / math.sqrt(HEAD_DIM)
+
+    def kernel():
+        _core.paged_attention_decode(c["out"], c["q"], c["kc"], c["vc"], c["tables"], c["lens"],
+                                     scale, c["kv_cache_dtype"])
+
+    def sdpa():
+        F.scaled_dot_product_attention(c["q_sdpa"], c["k_sdpa"], c["v_sdpa"], scale=scale,
+                                       enable_gqa=True)
+
+    kernel(), sdpa()  # warm up
+    bws, ts, ts_sdpa = [], [], []
+    for _ in range(rounds):
+        bws.append(bw.measure())  # also evicts the caches before the kernel
+        ts.append(timed(kernel))
+        bw.measure()
+        ts_sdpa.append(timed(sdpa))
+    t, t_sdpa, bandwidth = (statistics.median(x) for x in (ts, ts_sdpa, bws))
+    return dict(batch=batch, context=ctx, storage=storage, kernel=_core.cpu_kernel(),
+                kernel_ms=t * 1e3, sdpa_ms=t_sdpa * 1e3, sdpa_dtype=str(c["k_sdpa"].dtype),
+                kv_bytes=c["kv_bytes"], kv_gbps=c["kv_bytes"] / t / 1e9,
+                read_bw_gbps=bandwidth / 1e9, frac_of_bw=c["kv_bytes"] / t / bandwidth,
+                speedup_vs_sdpa=t_sdpa / t)
+
+
+def bench_prefill(batch, prompt, dtype, rounds, gen) -> dict:
+    """Whole prompts of `prompt` tokens: paged causal prefill vs causal SDPA."""
+    blocks = batch * prompt // BLOCK
+    kc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen).to(dtype)
+    vc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen).to(dtype)
+    tables = torch.randperm(blocks, generator=gen).to(torch.int32).reshape(batch, -1)
+    lens = torch.full((batch,), prompt, dtype=torch.int32)
+    cu = torch.arange(0, batch + 1, dtype=torch.int32) * prompt
+    q = torch.randn((batch * prompt, HEADS, HEAD_DIM), generator=gen).to(dtype)
+    out = torch.empty_like(q)
+    scale = 1.0 / math.sqrt(HEAD_DIM)
+
+    def contiguous(cache):
+        c = cache[tables.long()].permute(0, 2, 1, 3, 4)
+        return c.reshape(batch, KV_HEADS, prompt, HEAD_DIM).contiguous()
+
+    k_s, v_s = contiguous(kc), contiguous(vc)
+    q_s = q.reshape(batch, prompt, HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+
+    def kernel():
+        _core.paged_attention_prefill(out, q, kc, vc, tables, cu, lens, scale)
+
+    def sdpa():
+        F.scaled_dot_product_attention(q_s, k_s, v_s, is_causal=True, scale=scale,
+                                       enable_gqa=True)
+
+    kernel(), sdpa()
+    ts = [timed(kernel) for _ in range(rounds)]
+    ts_sdpa = [timed(sdpa) for _ in range(rounds)]
+    t, t_sdpa = statistics.median(ts), statistics.median(ts_sdpa)
+    tokens = batch * prompt
+    return dict(batch=batch, prompt=prompt, dtype=str(dtype), kernel_ms=t * 1e3,
+                sdpa_ms=t_sdpa * 1e3, tokens_per_s=tokens / t, sdpa_tokens_per_s=tokens / t_sdpa,
+                speedup_vs_sdpa=t_sdpa / t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a few cases only (smoke run)")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "attention.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(_core.get_num_threads())  # SDPA gets the same cores as the kernels
+    gen = torch.Generator().manual_seed(0)
+    bw = Bandwidth()
+    batches = [1, 8, 16] if args.quick else [1, 4, 8, 16, 32, 64]
+    contexts = [512, 2048] if args.quick else [512, 2048, 8192]
+    decode = []
+    print(f"threads={_core.get_num_threads()} kernel={_core.cpu_kernel()}")
+    print(f"{'storage':>7} {'batch':>5} {'ctx':>5} {'ms':>8} {'KV GB/s':>8} {'bw GB/s':>8} "
+          f"{'%bw':>5} {'sdpa ms':>8} {'vs sdpa':>7}")
+    for storage in STORAGE:
+        for batch in batches:
+            for ctx in contexts:
+                if batch * ctx > MAX_TOKENS:
+                    continue
+                r = bench_decode(batch, ctx, storage, bw, args.rounds, gen)
+                decode.append(r)
+                print(f"{storage:>7} {batch:>5} {ctx:>5} {r['kernel_ms']:8.2f} "
+                      f"{r['kv_gbps']:8.2f} {r['read_bw_gbps']:8.2f} "
+                      f"{100 * r['frac_of_bw']:4.0f}% {r['sdpa_ms']:8.2f} "
+                      f"{r['speedup_vs_sdpa']:6.2f}x", flush=True)
+    # The portable kernel on one mid-size case, for comparison.
+    _core.force_generic_kernels(True)
+    generic = [bench_decode(16, 2048, s, bw, args.rounds, gen) for s in STORAGE]
+    _core.force_generic_kernels(False)
+    for r in generic:
+        print(f"generic {r['storage']}: {r['kernel_ms']:.2f} ms, {100 * r['frac_of_bw']:.0f}% bw, "
+              f"{r['speedup_vs_sdpa']:.2f}x sdpa")
+    prefill = []
+    for dtype in [torch.float32, torch.bfloat16]:
+        for batch, prompt in ([(1, 512)] if args.quick else [(1, 512), (1, 2048), (4, 512)]):
+            r = bench_prefill(batch, prompt, dtype, max(3, args.rounds // 2), gen)
+            prefill.append(r)
+            print(f"prefill {r['dtype']:>14} {batch}x{prompt}: {r['tokens_per_s']:9.0f} tok/s, "
+                  f"sdpa {r['sdpa_tokens_per_s']:9.0f} tok/s ({r['speedup_vs_sdpa']:.2f}x)",
+                  flush=True)
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M"), machine=platform.processor() or
+                platform.machine(), cpus=os.cpu_count(), threads=_core.get_num_threads(),
+                torch=torch.__version__, rounds=args.rounds,
+                load_avg=os.getloadavg() if hasattr(os, "getloadavg") else None)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(dict(meta=meta, decode=decode, decode_generic=generic,
+                                              prefill=prefill), indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

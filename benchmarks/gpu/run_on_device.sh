@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# One call on a GPU device machine (issue 8's verification): builds pagedllm with the CUDA
+# kernels for sm_90, runs the CUDA tests (and the CPU kernel tests they rely on), then the GPU
+# benchmark. Everything is logged under $OUT:
+#   env.txt        nvidia-smi, nvcc, python / torch versions
+#   build.log      cmake configure + build (with ptxas resource usage of every kernel)
+#   tests.log      pytest output; junit.xml its machine-readable result
+#   bench.log      the benchmark table; bench.json its figures
+#   sanitizer.log  compute-sanitizer memcheck / racecheck of a few cases (when available)
+#   summary.txt    one line per step with its exit status
+# Budget: ~8 minutes on a 16-core H200 machine (build ~2-3 min, tests ~2 min, bench ~1-2 min);
+# each step has its own timeout and a failing step does not stop the later ones.
+# Usage (repository root):  OUT=/some/dir bash benchmarks/gpu/run_on_device.sh
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+OUT="${OUT:-$ROOT/gpu-out}"
+mkdir -p "$OUT"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+BUILD="$ROOT/build/gpu"
+export PYTHONUNBUFFERED=1
+: >"$OUT/summary.txt"
+
+step() {  # step NAME TIMEOUT_S LOG COMMAND...
+  local name="$1" limit="$2" log="$3"
+  shift 3
+  local t0=$SECONDS
+  echo "=== $name (limit ${limit}s)" | tee -a "$OUT/$log"
+  timeout --signal=TERM --kill-after=15 "$limit" "$@" >>"$OUT/$log" 2>&1
+  local rc=$?
+  echo "$name: exit $rc in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
+  tail -n 25 "$OUT/$log"
+  return $rc
+}
+
+{
+  nvidia-smi || true
+  nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version || true
+  "$PY" -c "import sys, torch; print(sys.version); print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"
+  "$PY" -m pip list 2>/dev/null | grep -iE "^(torch|numpy|pytest|hypothesis|pybind11|cmake|ninja) " || true
+  nproc
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+configure() {
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DPAGEDLLM_BUILD_PYTHON=ON -DPAGEDLLM_DEV_INPLACE=ON -DPAGEDLLM_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DPython_EXECUTABLE="$(command -v "$PY")" \
+    -DCMAKE_CUDA_FLAGS="-Xptxas -v"
+}
+build_ok=0
+if step configure 120 build.log configure && \
+   step build 420 build.log cmake --build "$BUILD" -j "$(nproc)"; then
+  build_ok=1
+fi
+
+if [ "$build_ok" = 1 ]; then
+  export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
+  step import 60 tests.log "$PY" -c "import pagedllm._core as c; i = c.build_info(); print(i); assert i['gpu_count'] > 0, 'no GPU visible'"
+  step tests 300 tests.log "$PY" -m pytest -q -rfEs -p no:cacheprovider \
+    --junitxml="$OUT/junit.xml" tests/python/test_cuda_kernels.py tests/python/test_cuda_nogpu.py
+  step bench 240 bench.log "$PY" benchmarks/gpu/bench_cuda_attention.py --out "$OUT/bench.json"
+  # Memory and shared-memory race checks of one case per kernel (Firecracker machines only).
+  if command -v compute-sanitizer >/dev/null; then
+    step memcheck 150 sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 \
+      "$PY" -m pytest -q -x -p no:cacheprovider \
+      "tests/python/test_cuda_kernels.py::test_decode_every_head_dim_and_dtype[f16-fp8-128]" \
+      "tests/python/test_cuda_kernels.py::test_decode_long_contexts_split_k[group1-lens1]" \
+      "tests/python/test_cuda_kernels.py::test_prefill_every_head_dim_and_dtype[g32x8-fp8-bf16-128]" \
+      "tests/python/test_cuda_kernels.py::test_prefill_every_head_dim_and_dtype[g7x1-auto-bf16-80]" \
+      "tests/python/test_cuda_kernels.py::test_prefill_every_head_dim_and_dtype[g64x1-auto-f32-64]" \
+      "tests/python/test_cuda_kernels.py::test_reshape_and_cache_matches_cpu_bit_for_bit[i64-f16-fp8]" \
+      "tests/python/test_cuda_kernels.py::test_copy_blocks_matches_torch" "tests/python/test_cuda_kernels.py::test_bad_block_id_raises_and_the_context_survives"
+    step racecheck 120 sanitizer.log compute-sanitizer --tool racecheck --error-exitcode 9 \
+      "$PY" -m pytest -q -x -p no:cacheprovider \
+      "tests/python/test_cuda_kernels.py::test_decode_every_head_dim_and_dtype[bf16-auto-128]" \
+      "tests/python/test_cuda_kernels.py::test_prefill_every_head_dim_and_dtype[g32x8-fp8-bf16-256]" \
+      "tests/python/test_cuda_kernels.py::test_prefill_every_head_dim_and_dtype[g8x8-auto-f16-96]"
+  fi
+  step cpu_kernel_tests 150 tests.log "$PY" -m pytest -q -x -p no:cacheprovider \
+    tests/python/test_kernels_attention.py
+fi
+echo "--- summary"
+cat "$OUT/summary.txt"
+! grep -v ": exit 0 " "$OUT/summary.txt" | grep -q .

@@ -1,0 +1,88 @@
+// attention_launch.h (internal) — the plain argument structs of the attention kernels and the
+// per-(storage type, head dim) launchers. Each launcher is explicitly instantiated in one
+// decode_hd*.cu / prefill_hd*.cu file (one head dim per file, so the builds run in parallel),
+// and attention.cu dispatches to them with one switch over head dim and storage type.
+// Thread-safety: plain data.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../device_error.h"
+#include "pagedllm/kernels/dtypes.h"
+
+namespace pagedllm::cuda::detail {
+
+// Arguments of the split-K decode kernel (also the SIMT prefill path when cu_seqlens_q is set:
+// then each query token is one "sequence row" whose key limit is its causal position + 1).
+struct DecodeArgs {
+  const void* q;                 // [num_tokens, num_heads, head_dim]
+  int64_t q_token_stride, q_head_stride;
+  void* out;                     // [num_tokens, num_heads, head_dim]
+  int64_t out_token_stride, out_head_stride;
+  kernels::ScalarType act;       // of q and out
+  const uint8_t* key_cache;      // [num_blocks, num_kv_heads, block_size, head_dim]
+  const uint8_t* value_cache;
+  int64_t key_block_stride;      // bytes
+  int64_t value_block_stride;
+  int num_blocks, num_kv_heads, block_size;
+  int num_heads, group, head_chunks;  // group = num_heads / num_kv_heads; chunks of <= 8 heads
+  const int32_t* block_tables;   // [num_seqs, max_blocks]
+  int64_t block_table_stride;
+  int max_blocks;
+  const int32_t* context_lens;   // [num_seqs]
+  const int32_t* cu_seqlens_q;   // [num_seqs + 1] (SIMT prefill) or nullptr (decode)
+  int num_seqs, num_tokens;
+  float q_mul;                   // softmax scale (times k_scale for fp8)
+  float v_mul;                   // v_scale for fp8, else 1
+  int part_len, num_parts;       // split-K partitions of each context
+  float* part_acc;               // [num_tokens, num_heads, num_parts, head_dim] (num_parts > 1)
+  float* part_stats;             // [num_tokens, num_heads, num_parts, 2]: running max, sum
+  DeviceError* err;
+  int kernel_id;
+};
+
+// Arguments of the tensor-core prefill kernel.
+struct PrefillArgs {
+  const void* q;
+  int64_t q_token_stride, q_head_stride;
+  void* out;
+  int64_t out_token_stride, out_head_stride;
+  kernels::ScalarType act;
+  const uint8_t* key_cache;
+  const uint8_t* value_cache;
+  int64_t key_block_stride, value_block_stride;  // bytes
+  int num_blocks, num_kv_heads, block_size;
+  int num_heads, group;
+  int tokens_per_tile;           // query tokens per 64-row tile (64 / group, rounded down)
+  const int32_t* block_tables;
+  int64_t block_table_stride;
+  int max_blocks;
+  const int32_t* context_lens;
+  const int32_t* cu_seqlens_q;
+  int num_seqs, num_tokens;
+  float q_mul, v_mul;
+  const int2* tiles;             // [*num_tiles]: (sequence, first query token of the tile)
+  const int* num_tiles;
+  DeviceError* err;
+};
+
+// Constants shared by the launchers and the host planner.
+constexpr int kDecodeThreads = 128;
+constexpr int kDecodeMaxHeads = 8;     // query heads served per thread block
+constexpr int kMaxParts = 128;         // split-K partitions per context
+constexpr int kMinPartition = 256;     // tokens: shorter partitions cost more to merge
+constexpr int kPrefillRows = 64;       // query rows (tokens x GQA group) per prefill tile
+constexpr int kPrefillThreads = 128;
+
+template <kernels::CacheType CT, int HD>
+void launch_decode(const DecodeArgs& a, cudaStream_t stream);
+
+template <kernels::CacheType CT, int HD>
+void launch_prefill(const PrefillArgs& a, int max_tiles, cudaStream_t stream);
+
+// Merges the split-K partials into out (any head dim).
+void launch_merge(const DecodeArgs& a, int head_dim, cudaStream_t stream);
+
+}  // namespace pagedllm::cuda::detail

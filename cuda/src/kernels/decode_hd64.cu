@@ -1,0 +1,6 @@
+// Decode kernels for head_dim 64, every storage type (see decode_kernel.cuh).
+#include "decode_kernel.cuh"
+
+namespace pagedllm::cuda::detail {
+PAGEDLLM_INSTANTIATE_DECODE(64)
+}  // namespace pagedllm::cuda::detail

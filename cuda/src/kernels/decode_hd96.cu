@@ -1,0 +1,6 @@
+// Decode kernels for head_dim 96, every storage type (see decode_kernel.cuh).
+#include "decode_kernel.cuh"
+
+namespace pagedllm::cuda::detail {
+PAGEDLLM_INSTANTIATE_DECODE(96)
+}  // namespace pagedllm::cuda::detail

@@ -1,0 +1,6 @@
+// Tensor-core prefill kernels for head_dim 256 (see prefill_kernel.cuh).
+#include "prefill_kernel.cuh"
+
+namespace pagedllm::cuda::detail {
+PAGEDLLM_INSTANTIATE_PREFILL(256)
+}  // namespace pagedllm::cuda::detail

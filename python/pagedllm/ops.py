@@ -1,0 +1,128 @@
+"""The paged-KV kernels behind one set of functions, chosen by where the tensors live.
+
+Each function has the signature of the CPU kernel in ``pagedllm._core`` and calls it for CPU
+tensors, or its CUDA twin in ``pagedllm._core.cuda`` when the cache (or, for swap_blocks, either
+pool) is on a GPU. The model and the engine call these and never pick a backend themselves.
+
+CUDA calls run on the calling thread's current kernel stream: 0 (the legacy default stream,
+which is torch's default) unless ``cuda_stream`` set another. Argument checks, errors and
+numerics are the kernels' own: see ``pagedllm._core`` and docs/ARCHITECTURE.md ("CUDA").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+
+from pagedllm import _core
+
+
+def cuda_available() -> bool:
+    """True when the CUDA kernels are compiled in and a GPU is visible."""
+    mod = getattr(_core, "cuda", None)
+    return mod is not None and mod.device_count() > 0
+
+
+def _cuda():
+    mod = getattr(_core, "cuda", None)
+    if mod is None:
+        raise RuntimeError(
+            "this build of pagedllm has no CUDA kernels (it was built without nvcc); "
+            "rebuild with PAGEDLLM_CUDA=ON, or keep the tensors on the CPU")
+    return mod
+
+
+def _is_cuda(t: torch.Tensor) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_cuda
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      kv_cache_dtype: str = "auto", k_scale: float = 1.0,
+                      v_scale: float = 1.0) -> None:
+    """Writes new keys/values into their cache slots (slot -1: skipped).
+
+    Args:
+        key, value: [num_tokens, num_kv_heads, head_dim] float32 / float16 / bfloat16.
+        key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_dim].
+        slot_mapping: [num_tokens] int32 / int64, on the caches' device.
+        kv_cache_dtype, k_scale, v_scale: the storage format (fp8: stored = x / scale).
+    """
+    backend = _cuda() if _is_cuda(key_cache) else _core
+    backend.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                              kv_cache_dtype, k_scale, v_scale)
+
+
+def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+                           value_cache: torch.Tensor, block_tables: torch.Tensor,
+                           context_lens: torch.Tensor, scale: float,
+                           kv_cache_dtype: str = "auto", k_scale: float = 1.0,
+                           v_scale: float = 1.0) -> None:
+    """Attention of one query token per sequence over its paged context; writes `out`.
+
+    Args:
+        out, query: [num_seqs, num_heads, head_dim].
+        key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_dim].
+        block_tables: [num_seqs, max_blocks] int32; context_lens: [num_seqs] int32.
+        scale: softmax scale.
+        kv_cache_dtype, k_scale, v_scale: the storage format.
+    """
+    backend = _cuda() if _is_cuda(key_cache) else _core
+    backend.paged_attention_decode(out, query, key_cache, value_cache, block_tables,
+                                   context_lens, scale, kv_cache_dtype, k_scale, v_scale)
+
+
+def paged_attention_prefill(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+                            value_cache: torch.Tensor, block_tables: torch.Tensor,
+                            cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                            kv_cache_dtype: str = "auto", k_scale: float = 1.0,
+                            v_scale: float = 1.0) -> None:
+    """Causal attention of packed new tokens over their sequences' paged context.
+
+    Args:
+        out, query: [num_tokens, num_heads, head_dim].
+        key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_dim].
+        block_tables: [num_seqs, max_blocks] int32.
+        cu_seqlens_q: [num_seqs + 1] int32; context_lens: [num_seqs] int32 (new tokens included).
+        scale, kv_cache_dtype, k_scale, v_scale: as for decode.
+    """
+    backend = _cuda() if _is_cuda(key_cache) else _core
+    backend.paged_attention_prefill(out, query, key_cache, value_cache, block_tables,
+                                    cu_seqlens_q, context_lens, scale, kv_cache_dtype,
+                                    k_scale, v_scale)
+
+
+def copy_blocks(caches: Sequence[torch.Tensor], block_mapping: torch.Tensor) -> None:
+    """Copies block src -> dst ([k, 2] pairs) inside every cache tensor (copy-on-write)."""
+    backend = _cuda() if caches and _is_cuda(caches[0]) else _core
+    backend.copy_blocks(list(caches), block_mapping)
+
+
+def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tensor) -> None:
+    """Copies block src of `src` to block dst of `dst` for each (src, dst) pair of the CPU
+    tensor `block_mapping`; either pool may be on a GPU (then the host one should be pinned)."""
+    backend = _cuda() if _is_cuda(src) or _is_cuda(dst) else _core
+    backend.swap_blocks(src, dst, block_mapping)
+
+
+@contextlib.contextmanager
+def cuda_stream(handle: int, device: int | None = None) -> Iterator[torch.cuda.ExternalStream]:
+    """Runs torch's ops and the CUDA kernels on one stream (Streams.compute_stream, say).
+
+    Args:
+        handle: the cudaStream_t as an int.
+        device: its device (None: torch's current device).
+    Yields:
+        The torch.cuda.ExternalStream wrapping it.
+    """
+    mod = _cuda()
+    stream = torch.cuda.ExternalStream(handle, device=device)
+    previous = mod.current_stream()
+    with torch.cuda.stream(stream):
+        mod.set_current_stream(handle)
+        try:
+            yield stream
+        finally:
+            mod.set_current_stream(previous)

@@ -1,0 +1,80 @@
+"""Device selection, GPU KV budget arithmetic and the host swap pool (CPU paths; the GPU path of
+HostSwapPool runs in test_cuda_kernels' stream tests' style on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedllm import ops
+from pagedllm.engine.device import kv_budget_bytes, model_dtype_for, resolve_device
+from pagedllm.engine.host_swap import HostSwapPool
+
+GIB = 1 << 30
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    auto = resolve_device("auto")
+    assert auto.type == ("cuda" if ops.cuda_available() and torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device must be one of"):
+        resolve_device("tpu")
+    if not (ops.cuda_available() and torch.cuda.is_available()):
+        with pytest.raises(RuntimeError, match="use device='cpu'"):
+            resolve_device("cuda")
+
+
+def test_model_dtype():
+    assert model_dtype_for(torch.device("cpu")) == torch.float32
+    assert model_dtype_for(torch.device("cpu"), torch.bfloat16) == torch.bfloat16
+
+
+def test_kv_budget():
+    # 80 GiB card, 20 GiB in use, 90%: 72 - 20 = 52 GiB (minus 1 GiB reserve)
+    assert kv_budget_bytes(60 * GIB, 80 * GIB, 0.9) == 52 * GIB
+    assert kv_budget_bytes(60 * GIB, 80 * GIB, 0.9, reserve_bytes=GIB) == 51 * GIB
+    with pytest.raises(ValueError, match="no GPU memory left for the KV cache"):
+        kv_budget_bytes(10 * GIB, 80 * GIB, 0.5)
+    with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+        kv_budget_bytes(10 * GIB, 80 * GIB, 1.5)
+
+
+def test_host_swap_pool_round_trip_on_cpu():
+    gen = torch.Generator().manual_seed(0)
+    device_pool = torch.randn(10, 2, 2, 4, 16, 8, generator=gen)
+    original = device_pool.clone()
+    host = HostSwapPool(device_pool, 4)
+    assert host.num_free == 4 and host.bytes_per_block == 2 * 2 * 4 * 16 * 8 * 4
+    got = host.swap_out([7, 2, 9])
+    assert got is not None
+    ids, ticket = got
+    assert ticket == 0 and len(set(ids)) == 3 and host.num_free == 1
+    assert host.swap_out([0, 1]) is None and host.num_free == 1  # no room: nothing changes
+    device_pool[[7, 2, 9]] = 0.0  # the device blocks are reused meanwhile
+    assert host.swap_in(ids, [1, 3, 5]) == 0
+    assert torch.equal(device_pool[1], original[7])
+    assert torch.equal(device_pool[3], original[2])
+    assert torch.equal(device_pool[5], original[9])
+    assert host.num_free == 4
+    with pytest.raises(ValueError, match="does not hold a swapped-out block"):
+        host.swap_in([ids[0]], [0])
+
+
+@pytest.mark.gpu
+def test_host_swap_pool_on_gpu_with_streams():
+    from pagedllm import _core
+
+    streams = _core.cuda.Streams()
+    device_pool = torch.randn(10, 2, 2, 4, 16, 8, device="cuda")
+    original = device_pool.cpu()
+    host = HostSwapPool(device_pool, 4, streams)
+    assert host.pool.is_pinned()
+    ids, t_out = host.swap_out([7, 2], after=streams.record_compute())
+    assert t_out > 0
+    streams.compute_wait(t_out)
+    with ops.cuda_stream(streams.compute_stream):
+        device_pool[[7, 2]] = 0.0  # reuse only after the copy-out
+    t_in = host.swap_in(ids, [1, 3], after=streams.record_compute())
+    streams.synchronize(t_in)
+    assert torch.equal(device_pool[1].cpu(), original[7])
+    assert torch.equal(device_pool[3].cpu(), original[2])
