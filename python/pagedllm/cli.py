@@ -57,9 +57,6 @@ def describe_error(e: BaseException) -> tuple:
     """(exit code, one-line message) for an exception that ends a command."""
     if isinstance(e, CliError):
         return e.exit_code, str(e)
-    if isinstance(e, ModuleNotFoundError) and e.name == "pagedllm.default_model":
-        return 1, ("the bundled default model is not installed in this build "
-                   "(give a checkpoint directory with --model DIR)")
     message = " ".join(str(e).split())
     if isinstance(e, FileNotFoundError):
         return 1, message or "file not found"

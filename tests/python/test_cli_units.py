@@ -5,6 +5,8 @@ import argparse
 import io
 import json
 import math
+import sys
+import types
 
 import pytest
 
@@ -98,11 +100,28 @@ def test_runtime_error_messages():
         "the KV cache budget kv_cache_memory_bytes=10 holds no block at all; raise\n"
         "kv_cache_memory_bytes to at least 4096 (one block) or lower block_size"))
     assert code == 1 and "\n" not in msg and msg.endswith("(flags: --block-size, --kv-cache-memory)")
-    err = ModuleNotFoundError("No module named 'pagedllm.default_model'", name="pagedllm.default_model")
-    assert "--model DIR" in cli.describe_error(err)[1]
     assert cli.describe_error(CliError("x (y)", 1)) == (1, "x (y)")
     code, msg = cli.describe_error(ZeroDivisionError("boom"))
     assert code == 1 and "--verbose" in msg
+
+
+def test_bundled_model_missing_is_one_clear_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "pagedllm.default_model", None)  # not in this build
+    code, out, err = run_cli(capsys, "generate", "hi")
+    assert code == 1 and err == ("pagedllm: error: the bundled default model is not part of this "
+                                 "build (give a checkpoint directory with --model DIR)\n")
+    broken = types.ModuleType("pagedllm.default_model")
+
+    def default_model_path():
+        raise RuntimeError("the bundled default model in /x lacks model.safetensors; the\n"
+                           "installation is incomplete")
+
+    broken.default_model_path = default_model_path
+    monkeypatch.setitem(sys.modules, "pagedllm.default_model", broken)
+    code, out, err = run_cli(capsys, "bench")
+    assert code == 1 and err == ("pagedllm: error: the bundled default model in /x lacks "
+                                 "model.safetensors; the installation is incomplete (or give a "
+                                 "checkpoint directory with --model DIR)\n")
 
 
 def test_verbose_shows_the_traceback(capsys, tmp_path):

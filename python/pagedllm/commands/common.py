@@ -136,10 +136,33 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def build_engine(config: EngineConfig):
-    """An LLMEngine for `config` (imports torch and the model only now)."""
+    """An LLMEngine for `config` (imports torch and the model only now).
+
+    Raises:
+        CliError: no --model was given and the bundled default model is not available.
+    """
+    if config.model is None:
+        config = config.replace(model=bundled_model_path())
     from pagedllm.engine.llm_engine import LLMEngine
 
     return LLMEngine(config)
+
+
+def bundled_model_path() -> str:
+    """The bundled default model's directory.
+
+    Raises:
+        CliError: it is not part of this build, or its files are missing.
+    """
+    try:
+        from pagedllm.default_model import default_model_path
+    except ImportError:
+        raise CliError("the bundled default model is not part of this build "
+                       "(give a checkpoint directory with --model DIR)") from None
+    try:
+        return default_model_path()
+    except (RuntimeError, OSError) as e:
+        raise CliError(f"{_one_line(str(e))} (or give a checkpoint directory with --model DIR)") from None
 
 
 def request_error(e: Exception) -> str:
