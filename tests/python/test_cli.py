@@ -181,7 +181,8 @@ def test_monitor_against_a_busy_server(capsys, model):
 
         with httpx.Client(base_url=s.url, timeout=60) as c, c.stream(
                 "POST", "/v1/completions",
-                json={"prompt": "hello", "max_tokens": 1000, "stream": True}) as r:
+                json={"prompt": "hello", "max_tokens": 1000, "ignore_eos": True,
+                      "stream": True}) as r:
             next(r.iter_lines())  # the request is running now
             code, out, err = run_cli(capsys, "monitor", "--url", s.url, "--once",
                                      "--metric", "running", "--metric", "cache_usage")

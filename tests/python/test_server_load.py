@@ -27,11 +27,11 @@ def leaves(i):
 
 def request_body(i):
     # Distinct prompts of 3-10 words, some sharing a first word (prefix-cache traffic). The
-    # clients that leave ask for many tokens, so they are surely still running when they go.
+    # clients that leave ask for many tokens past any EOS, so they still run when they go.
     words = [WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(3 + i % 8)]
     max_tokens = 64 if leaves(i) else 6 + (i * 5) % 11
     return {"prompt": " ".join(words), "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": leaves(i), "stream": True, "stream_options": {"include_usage": True}}
 
 
 async def stream_one(client, i, leave_after):
