@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import List, NoReturn, Optional
 
@@ -84,6 +85,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("pagedllm: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early (`pagedllm ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as e:
         if verbose:
             raise
