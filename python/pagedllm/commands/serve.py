@@ -100,5 +100,7 @@ def run(args: argparse.Namespace) -> int:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
         pass
+    if not server.started:
+        raise CliError("the server did not start (see uvicorn's log above)")
     print("pagedllm: server stopped", file=sys.stderr)
     return 0
