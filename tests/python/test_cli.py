@@ -14,7 +14,7 @@ from pagedllm import cli
 from pagedllm.config import EngineConfig
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.sampling_params import SamplingParams
-from server_fixtures import serve_tiny_model, write_tiny_model
+from server_fixtures import ScriptedEngine, ServerThread, write_tiny_model
 
 PYTHON_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "python")
 ENGINE = ["--num-threads", "1", "--num-kv-blocks", "64"]
@@ -175,24 +175,29 @@ def test_serve_process_answers_and_stops_on_ctrl_c(model, capsys):
         assert proc.wait(60) == 0
 
 
-def test_monitor_against_a_busy_server(capsys, model):
-    with serve_tiny_model(model, None, num_kv_blocks=64) as s:
+def test_monitor_against_a_busy_server(capsys):
+    # A scripted engine (one token per 20 ms step) keeps the request running for seconds
+    # whatever the machine's speed; the real engine is watched in the serve test above.
+    from pagedllm.server import create_app
+
+    engine = ScriptedEngine(num_blocks=64, step_delay=0.02)
+    with ServerThread(create_app(engine)) as s:
         import httpx
 
         with httpx.Client(base_url=s.url, timeout=60) as c, c.stream(
                 "POST", "/v1/completions",
-                json={"prompt": "hello", "max_tokens": 1000, "ignore_eos": True,
-                      "stream": True}) as r:
+                json={"prompt": "hello", "max_tokens": 400, "stream": True}) as r:
             next(r.iter_lines())  # the request is running now
             code, out, err = run_cli(capsys, "monitor", "--url", s.url, "--once",
                                      "--metric", "running", "--metric", "cache_usage")
-        assert code == 0, err
-        running = next(line for line in out.splitlines() if "requests running" in line)
-        assert running.split()[-1] == "1"
-        used = int(re.search(r"\((\d+)/64 blocks\)", out).group(1))
-        assert 1 <= used <= 63
-        code, out, err = run_cli(capsys, "monitor", "--url", s.url, "--count", 2, "--interval",
-                                 0.05, "--metric", "gen_throughput")
-        assert code == 0 and out.count("pagedllm monitor:") == 2  # not a TTY: one per refresh
+            assert code == 0, err
+            running = next(line for line in out.splitlines() if "requests running" in line)
+            assert running.split()[-1] == "1"
+            used = int(re.search(r"\((\d+)/64 blocks\)", out).group(1))
+            assert 2 <= used <= 63  # the 6-token prompt and the tokens so far, 4 per block
+            code, out, err = run_cli(capsys, "monitor", "--url", s.url, "--count", 2,
+                                     "--interval", 0.05, "--metric", "gen_throughput")
+            assert code == 0 and out.count("pagedllm monitor:") == 2  # not a TTY: one each
+            assert re.search(r"generation\s+[\d.]+/s", out)  # a rate from two snapshots
     code, _, err = run_cli(capsys, "monitor", "--url", s.url, "--once")
     assert code == 1 and "cannot reach" in err

@@ -238,10 +238,10 @@ class AsyncLLMEngine:
                         self._apply_add(item)
                     else:
                         self._apply_abort(item)
-                if self.engine.has_unfinished_requests():
-                    outputs = self.engine.step()
-                    self._deliver(outputs)
+                outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+                # Stats first: a client holding its final output then sees them up to date.
                 self._publish_stats()
+                self._deliver(outputs)
         except BaseException as e:  # a bug in a step: fail every request, refuse new ones
             logger.exception("engine thread failed; no further requests will run")
             self._dead = e
