@@ -153,3 +153,26 @@ def test_api_key_on_and_off(model_dir):
     with serve_tiny_model(model_dir, None, num_kv_blocks=32) as s:
         anyone = openai.OpenAI(base_url=s.url + "/v1", api_key="whatever", max_retries=0)
         assert anyone.models.list().data
+
+
+def test_bundled_model_chat_template_and_generation_defaults():
+    from pagedllm.default_model import default_model_path
+
+    with serve_tiny_model(default_model_path(), None, num_kv_blocks=64) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        msgs = [{"role": "user", "content": "What is a tuple? "}]
+        import httpx
+
+        tokens = httpx.post(s.url + "/tokenize", json={"messages": msgs}).json()["tokens"]
+        text = httpx.post(s.url + "/detokenize", json={"tokens": tokens}).json()["prompt"]
+        # tokenizer_config.json's template: bos, "User: ...", "Assistant:"; one bos only.
+        assert tokens[0] == 1 and tokens[1] != 1
+        assert text == "User: What is a tuple?\n\nAssistant:"
+        a, b = (client.chat.completions.create(model="default_model", messages=msgs, seed=s_,
+                                               max_tokens=12).choices[0].message.content
+                for s_ in (1, 2))
+        greedy = [client.chat.completions.create(model="default_model", messages=msgs,
+                                                 temperature=0, max_tokens=12)
+                  .choices[0].message.content for _ in range(2)]
+        # Unset temperature: generation_config.json's 0.8, so seeds differ; 0 is greedy.
+        assert a != b and greedy[0] == greedy[1]

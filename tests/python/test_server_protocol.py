@@ -210,3 +210,21 @@ def test_two_metrics_objects_do_not_clash():
     a = EngineMetrics(lambda: {}, "a")
     b = EngineMetrics(lambda: {}, "b")
     assert b"model_name=\"a\"" in a.render() and b"model_name=\"b\"" in b.render()
+
+
+def test_unset_sampling_fields_take_the_checkpoint_defaults():
+    from types import SimpleNamespace
+
+    from pagedllm.server.generation import sampling_params
+
+    state = SimpleNamespace(sampling_defaults={"temperature": 0.8, "top_p": 0.95, "top_k": 40})
+    p = sampling_params(state, CompletionRequest(prompt="x"), 16, [])
+    assert (p.temperature, p.top_p, p.top_k, p.min_p) == (0.8, 0.95, 40, 0.0)
+    p = sampling_params(state, CompletionRequest(prompt="x", temperature=0, top_k=-1), 16, [])
+    assert (p.temperature, p.top_p, p.top_k) == (0.0, 0.95, -1)  # what the request sets wins
+    p = sampling_params(SimpleNamespace(sampling_defaults={}), ChatCompletionRequest(
+        messages=[{"role": "user", "content": "x"}]), 16, [])
+    assert (p.temperature, p.top_p) == (1.0, 1.0)  # OpenAI's defaults otherwise
+    with pytest.raises(OpenAIError) as e:
+        sampling_params(state, CompletionRequest(prompt="x", min_tokens=20), 16, [])
+    assert e.value.param == "min_tokens"

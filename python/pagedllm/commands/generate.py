@@ -2,7 +2,8 @@
 
 Prompts come from the arguments and/or --file (one prompt per line, or JSON Lines with a
 "prompt" field; "-" reads stdin). All prompts run together in one continuously batched engine;
-the output is printed in prompt order, the current one streamed token by token. Throughput and
+the output is printed in prompt order, the current one streamed token by token. Sampling flags
+left unset take the checkpoint's generation_config.json values (as vLLM does). Throughput and
 KV-cache figures go to stderr at the end.
 
 examples:
@@ -26,21 +27,24 @@ from pagedllm.streaming import ChoiceTracker, holdback_for
 
 NAME = "generate"
 HELP = "generate text for prompts (streamed to the terminal)"
+DEFAULT_MAX_TOKENS = 64
+_SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text")
     p.add_argument("--file", metavar="FILE",
                    help="more prompts: one per line, or .jsonl with a 'prompt' field ('-': stdin)")
-    s = p.add_argument_group("sampling")
-    s.add_argument("--max-tokens", type=positive_int, default=64, metavar="N",
+    s = p.add_argument_group("sampling (unset: the checkpoint's generation_config.json, "
+                             "else the default shown)")
+    s.add_argument("--max-tokens", type=positive_int, metavar="N",
                    help="tokens to generate per prompt (64)")
-    s.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="0 = greedy (default); higher = more random")
-    s.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling (1.0)")
-    s.add_argument("--top-k", type=int, default=-1, metavar="K", help="top-k sampling (-1: off)")
-    s.add_argument("--min-p", type=float, default=0.0, metavar="P", help="min-p sampling (0: off)")
-    s.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
+    s.add_argument("--temperature", type=float, metavar="T",
+                   help="0 = greedy; higher = more random (1.0)")
+    s.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling (1.0)")
+    s.add_argument("--top-k", type=int, metavar="K", help="top-k sampling (-1: off)")
+    s.add_argument("--min-p", type=float, metavar="P", help="min-p sampling (0: off)")
+    s.add_argument("--repetition-penalty", type=float, metavar="R",
                    help="penalize repeated tokens (1.0: off)")
     s.add_argument("-n", "--n", type=positive_int, default=1, dest="n",
                    help="completions per prompt (1)")
@@ -152,14 +156,12 @@ def run(args: argparse.Namespace) -> int:
     from pagedllm.sampling_params import SamplingParams
 
     stops = [_unescape(s) for s in args.stop]
-    try:
-        params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, min_p=args.min_p, max_tokens=args.max_tokens,
-                                repetition_penalty=args.repetition_penalty, stop=stops,
-                                ignore_eos=args.ignore_eos)
-    except ValueError as e:
-        raise UsageError(str(e).replace("SamplingParams.", "--").replace("_", "-")) from None
+    given = {k: getattr(args, k) for k in _SAMPLING_FLAGS if getattr(args, k) is not None}
+    given.update(n=args.n, stop=stops, ignore_eos=args.ignore_eos)
+    _sampling_params(SamplingParams, given)  # bad flags fail before the model loads
     engine = build_engine(config)
+    defaults = {"max_tokens": DEFAULT_MAX_TOKENS, **engine.generation_defaults()}
+    params = _sampling_params(SamplingParams, {**defaults, **given})
     usage: List[float] = []
     engine.on_step = lambda s: usage.append(s["used_blocks"] / max(1, s["num_blocks"]))
     start = time.perf_counter()
@@ -181,6 +183,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         _report(engine, len(prompts), elapsed, first_token - start if first_token else None, usage)
     return 0
+
+
+def _sampling_params(cls, fields: dict):
+    try:
+        return cls(**fields)
+    except ValueError as e:
+        raise UsageError(str(e).replace("SamplingParams.", "--").replace("_", "-")) from None
 
 
 def _report(engine, num_prompts: int, elapsed: float, ttft: Optional[float], usage) -> None:

@@ -30,18 +30,26 @@ class ClientDisconnected(Exception):
     """The client closed the connection before the answer was ready."""
 
 
-def sampling_params(req: _SamplingRequest, max_tokens: int, stops: List[str],
-                    logprobs: Optional[int] = None, best_of: Optional[int] = None) -> SamplingParams:
-    """The engine's SamplingParams for a request (400 naming the field on a bad value)."""
+def sampling_params(state: ServerState, req: _SamplingRequest, max_tokens: int,
+                    stops: List[str], logprobs: Optional[int] = None,
+                    best_of: Optional[int] = None) -> SamplingParams:
+    """The engine's SamplingParams for a request (400 naming the field on a bad value).
+
+    temperature, top_p, top_k, min_p and repetition_penalty that the request does not set
+    come from the checkpoint's generation_config.json when it has them, else from the
+    request model's defaults (OpenAI's).
+    """
+    knobs = {k: (getattr(req, k) if k in req.model_fields_set
+                 else state.sampling_defaults.get(k, getattr(req, k)))
+             for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
     try:
         return SamplingParams(
-            n=req.n, best_of=best_of, temperature=req.temperature, top_p=req.top_p,
-            top_k=req.top_k, min_p=req.min_p, seed=req.seed, max_tokens=max_tokens,
+            n=req.n, best_of=best_of, seed=req.seed, max_tokens=max_tokens,
             min_tokens=req.min_tokens, stop=stops, stop_token_ids=req.stop_token_ids,
             ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
-            logprobs=logprobs, include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens)
+            frequency_penalty=req.frequency_penalty, logprobs=logprobs,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens, **knobs)
     except ValueError as e:
         message = str(e).replace("SamplingParams.", "")
         raise bad_request(message, message.split(" ", 1)[0]) from None

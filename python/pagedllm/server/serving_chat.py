@@ -58,7 +58,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = state.max_tokens(requested, len(prompt.token_ids), param)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(req, max_tokens, stops, logprobs)
+    params = sampling_params(state, req, max_tokens, stops, logprobs)
     request_id = new_id("chatcmpl")
     streams = await submit(state, request_id, [prompt], params, arrival_time)
     if req.stream:

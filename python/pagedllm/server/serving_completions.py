@@ -51,7 +51,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
     prompts = _prompts(state, req.prompt)
     longest = max(len(p.token_ids) for p in prompts)
     max_tokens = state.max_tokens(req.max_tokens, longest, prompt_param="prompt")
-    params = sampling_params(req, max_tokens, stops, req.logprobs, req.best_of)
+    params = sampling_params(state, req, max_tokens, stops, req.logprobs, req.best_of)
     request_id = new_id("cmpl")
     streams = await submit(state, request_id, prompts, params, arrival_time)
     if req.stream:

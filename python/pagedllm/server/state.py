@@ -14,6 +14,10 @@ from pagedllm.server.chat_template import ChatTemplate
 from pagedllm.server.errors import OpenAIError, bad_request
 
 
+# Request fields whose default comes from the checkpoint's generation_config.json when set there.
+SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
 @dataclass
 class ServerSettings:
     """Options of the HTTP layer (the engine's are in EngineConfig).
@@ -62,6 +66,9 @@ class ServerState:
         self.max_model_len: int = sync.max_model_len
         self.chat_template = ChatTemplate.for_model(self.model_path, settings.chat_template)
         self.created = int(time.time())
+        # Sampling knobs a request leaves unset come from generation_config.json (as in vLLM).
+        defaults = getattr(sync, "generation_defaults", dict)()
+        self.sampling_defaults = {k: v for k, v in defaults.items() if k in SAMPLING_DEFAULT_KEYS}
 
     def check_model(self, name: Optional[str]) -> None:
         """404 unless `name` is the served model (or omitted)."""
