@@ -68,9 +68,11 @@ k::CacheType cache_type(const Tensor& t, const std::string& kv_cache_dtype) {
 
 // One layer's caches: [num_blocks, num_kv_heads, block_size, head_dim], inner dims contiguous.
 k::KVCacheParams cache_params(const Tensor& kc, const Tensor& vc, const std::string& kv_cache_dtype,
-                              double k_scale, double v_scale) {
-  kc.require_cpu();
-  vc.require_cpu();
+                              double k_scale, double v_scale, bool on_cpu) {
+  if (on_cpu) {
+    kc.require_cpu();
+    vc.require_cpu();
+  }
   kc.require_ndim(4);
   vc.require_ndim(4);
   for (int i = 0; i < 4; ++i) {
@@ -100,8 +102,8 @@ k::KVCacheParams cache_params(const Tensor& kc, const Tensor& vc, const std::str
 }
 
 // A [num_tokens, num_heads, head_dim] activation with a contiguous last dim.
-void check_activation(const Tensor& t, int64_t heads, int64_t head_dim) {
-  t.require_cpu();
+void check_activation(const Tensor& t, int64_t heads, int64_t head_dim, bool on_cpu) {
+  if (on_cpu) t.require_cpu();
   t.require_ndim(3);
   PAGEDLLM_CHECK_ARG(t.size(2) == head_dim, t.name() << " has head_dim " << t.size(2)
                                                      << " but the cache has " << head_dim);
@@ -115,8 +117,8 @@ void check_activation(const Tensor& t, int64_t heads, int64_t head_dim) {
 }
 
 // A 1-D contiguous int32 array of `n` elements (n < 0: any length).
-void check_index_1d(const Tensor& t, int64_t n) {
-  t.require_cpu();
+void check_index_1d(const Tensor& t, int64_t n, bool on_cpu) {
+  if (on_cpu) t.require_cpu();
   t.require_ndim(1);
   PAGEDLLM_CHECK_ARG(t.dtype() == DType::kInt32, t.name() << " must be int32, got "
                                                           << t.describe());
@@ -131,11 +133,11 @@ void check_index_1d(const Tensor& t, int64_t n) {
 k::AttentionParams attention_params(const Tensor& out, const Tensor& q, const Tensor& kc,
                                     const Tensor& vc, const Tensor& tables, const Tensor& lens,
                                     double scale, const std::string& kv_cache_dtype,
-                                    double k_scale, double v_scale) {
+                                    double k_scale, double v_scale, bool on_cpu) {
   k::AttentionParams p;
-  p.cache = cache_params(kc, vc, kv_cache_dtype, k_scale, v_scale);
-  check_activation(q, -1, p.cache.head_dim);
-  check_activation(out, q.size(1), p.cache.head_dim);
+  p.cache = cache_params(kc, vc, kv_cache_dtype, k_scale, v_scale, on_cpu);
+  check_activation(q, -1, p.cache.head_dim, on_cpu);
+  check_activation(out, q.size(1), p.cache.head_dim, on_cpu);
   out.require_writable();
   PAGEDLLM_CHECK_ARG(out.size(0) == q.size(0), "out has " << out.size(0) << " tokens but query has "
                                                           << q.size(0));
@@ -152,13 +154,13 @@ k::AttentionParams attention_params(const Tensor& out, const Tensor& q, const Te
   p.num_tokens = to_i32(q.size(0), "num_tokens");
   p.num_heads = to_i32(q.size(1), "num_heads");
 
-  tables.require_cpu();
+  if (on_cpu) tables.require_cpu();
   tables.require_ndim(2);
   PAGEDLLM_CHECK_ARG(tables.dtype() == DType::kInt32, "block_tables must be int32, got "
                                                           << tables.describe());
   tables.require_inner_contiguous(1);
   p.num_seqs = to_i32(tables.size(0), "num_seqs");
-  check_index_1d(lens, p.num_seqs);
+  check_index_1d(lens, p.num_seqs, on_cpu);
   p.block_tables = static_cast<const int32_t*>(tables.data());
   p.block_table_stride = tables.stride(0);
   p.max_blocks_per_seq = to_i32(tables.size(1), "max_blocks_per_seq");
@@ -168,8 +170,8 @@ k::AttentionParams attention_params(const Tensor& out, const Tensor& q, const Te
 }
 
 // [k, 2] int32 or int64 (src, dst) pairs as int64.
-std::vector<int64_t> block_pairs(const Tensor& t) {
-  t.require_cpu();
+std::vector<int64_t> block_pairs(const Tensor& t, bool on_cpu) {
+  if (on_cpu) t.require_cpu();
   t.require_ndim(2);
   PAGEDLLM_CHECK_ARG(t.size(1) == 2, "block_mapping must be [num_pairs, 2], got " << t.describe());
   PAGEDLLM_CHECK_ARG(t.dtype() == DType::kInt32 || t.dtype() == DType::kInt64,
@@ -187,8 +189,8 @@ std::vector<int64_t> block_pairs(const Tensor& t) {
 }
 
 // A cache tensor whose first dim is blocks and whose other dims are contiguous.
-k::BlockPoolParams block_pool(const Tensor& t) {
-  t.require_cpu();
+k::BlockPoolParams block_pool(const Tensor& t, bool on_cpu) {
+  if (on_cpu) t.require_cpu();
   t.require_writable();
   PAGEDLLM_CHECK_ARG(t.ndim() >= 1, t.name() << " must have a block dimension");
   PAGEDLLM_CHECK_ARG(t.dtype() != DType::kOther, t.name() << " has an unsupported dtype");

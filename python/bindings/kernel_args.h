@@ -1,6 +1,9 @@
 // kernel_args.h — turns borrowed tensors into the kernels' params structs, checking shapes,
 // dtypes, devices and layout one line at a time (values such as block ids are checked later by
 // the kernels themselves). Every check throws pagedllm::Error naming the argument.
+// The CPU bindings call these with on_cpu = true (each tensor must be CPU memory); the CUDA
+// bindings (cuda_tensors.h) check placement themselves and pass on_cpu = false, so both share
+// one set of shape / dtype / layout rules.
 // Thread-safety: call with the GIL held (the Tensors were borrowed under it).
 #pragma once
 
@@ -23,25 +26,25 @@ kernels::ScalarType activation_type(const Tensor& t);
 // under kv_cache_dtype ("auto" = the tensors' own float type; fp8 = uint8 / float8).
 kernels::KVCacheParams cache_params(const Tensor& kc, const Tensor& vc,
                                     const std::string& kv_cache_dtype, double k_scale,
-                                    double v_scale);
+                                    double v_scale, bool on_cpu = true);
 
 // Checks a [num_tokens, heads, head_dim] activation with a contiguous last dim (heads < 0: any).
-void check_activation(const Tensor& t, int64_t heads, int64_t head_dim);
+void check_activation(const Tensor& t, int64_t heads, int64_t head_dim, bool on_cpu = true);
 
 // Checks a contiguous 1-D int32 array of n elements (n < 0: any length).
-void check_index_1d(const Tensor& t, int64_t n);
+void check_index_1d(const Tensor& t, int64_t n, bool on_cpu = true);
 
 // The params shared by decode and prefill (all but cu_seqlens_q).
 kernels::AttentionParams attention_params(const Tensor& out, const Tensor& q, const Tensor& kc,
                                           const Tensor& vc, const Tensor& tables,
                                           const Tensor& lens, double scale,
                                           const std::string& kv_cache_dtype, double k_scale,
-                                          double v_scale);
+                                          double v_scale, bool on_cpu = true);
 
 // [k, 2] int32 / int64 (src, dst) block pairs, as int64.
-std::vector<int64_t> block_pairs(const Tensor& t);
+std::vector<int64_t> block_pairs(const Tensor& t, bool on_cpu = true);
 
 // A writable CPU tensor whose first dim is blocks and whose other dims are contiguous.
-kernels::BlockPoolParams block_pool(const Tensor& t);
+kernels::BlockPoolParams block_pool(const Tensor& t, bool on_cpu = true);
 
 }  // namespace pagedllm::python

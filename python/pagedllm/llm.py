@@ -34,7 +34,8 @@ class LLM:
         model: checkpoint directory (Hugging Face Llama layout); None = the bundled model.
         block_size: tokens per KV block.
         kv_cache_dtype: "auto", "fp16", "bf16", "fp8" / "fp8_e4m3", "fp8_e5m2".
-        kv_cache_memory_bytes: KV pool budget in bytes (default 2 GiB).
+        kv_cache_memory_bytes: KV pool budget in bytes (default: 2 GiB, or less when
+            max_num_seqs sequences of max_model_len tokens need less).
         num_kv_blocks: exact pool size in blocks (overrides the byte budget).
         max_num_seqs: most sequences per step.
         max_num_batched_tokens: most tokens per step (default max(2048, max_num_seqs)).

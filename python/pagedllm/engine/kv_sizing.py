@@ -39,7 +39,8 @@ def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int)
 
     Args:
         config: the engine options (block_size, num_kv_blocks / kv_cache_memory_bytes,
-            max_model_len, watermark).
+            max_model_len, max_num_seqs, watermark). With neither budget given the pool gets
+            2 GiB, or what max_num_seqs sequences of max_model_len tokens need if less.
         bytes_per_block: bytes one block takes (from PagedKVCache.bytes_per_block).
         model_max_len: the model's max_position_embeddings.
     Returns:
@@ -53,7 +54,13 @@ def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int)
         num_blocks = config.num_kv_blocks
         budget_desc = f"num_kv_blocks={num_blocks}"
     else:
-        budget = config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_MEMORY_BYTES
+        budget = config.kv_cache_memory_bytes
+        if budget is None:
+            # Default: 2 GiB, or less when that is more than max_num_seqs full-length sequences
+            # could ever use (a small model would otherwise get a needlessly huge pool).
+            longest = config.max_model_len or model_max_len
+            useful = -(-config.max_num_seqs * longest // bs) * bytes_per_block
+            budget = min(DEFAULT_KV_CACHE_MEMORY_BYTES, useful)
         num_blocks = budget // bytes_per_block
         budget_desc = f"kv_cache_memory_bytes={budget} ({bytes_per_block} bytes per block of {bs} tokens)"
         if num_blocks < 1:
