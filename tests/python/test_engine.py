@@ -210,3 +210,19 @@ def test_beam_search_matches_reference_and_shares_blocks(engine_model_dir, promp
             assert s.cum_logprob == pytest.approx(r[1], abs=1e-3)
     assert llm.kv_cache_stats()["cow_copies"] > 0
     assert_pool_clean(llm)
+
+
+def test_prompt_logprobs_survive_chunking_and_preemption(engine_model_dir, prompts):
+    # Chunks of at most 16 tokens and a pool that forces preemptions mid-prompt.
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=24, max_num_batched_tokens=16,
+              max_num_seqs=8, watermark=0.0)
+    chosen = [p for p in prompts if len(p) > 30][:6]
+    outs = llm.generate(tok_prompts(chosen), greedy(max_tokens=6, prompt_logprobs=1),
+                        use_tqdm=False)
+    assert llm.kv_cache_stats()["num_preemptions"] > 0
+    for p, out in zip(chosen, outs):
+        ref = hf_logprobs(engine_model_dir, p)
+        assert len(out.prompt_logprobs) == len(p)
+        for j in range(1, len(p)):
+            assert abs(out.prompt_logprobs[j][p[j]].logprob - float(ref[j - 1, p[j]])) < 1e-4
+    assert_pool_clean(llm)

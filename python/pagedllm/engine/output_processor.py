@@ -89,9 +89,13 @@ class OutputProcessor:
         req = seq.request
         k = req.params.prompt_logprobs or 0
         end = min(start + logits.shape[0], seq.num_prompt_tokens - 1)
-        if end <= start or len(req.prompt_logprobs) != start + 1:
-            return  # already recorded (a recomputation after preemption)
-        lp = torch.log_softmax(logits[: end - start].float(), dim=-1)      # [rows, vocab]
+        # A recomputation after preemption may cover positions already recorded (with other
+        # chunk boundaries): record only the positions not seen yet.
+        first = len(req.prompt_logprobs) - 1
+        if end <= first or first < start:
+            return
+        lp = torch.log_softmax(logits[first - start:end - start].float(), dim=-1)  # [rows, vocab]
+        start = first
         targets = torch.as_tensor(req.prompt_token_ids[start + 1:end + 1], dtype=torch.long)
         chosen = lp.gather(1, targets.unsqueeze(1)).squeeze(1)             # [rows]
         ranks = (lp > chosen.unsqueeze(1)).sum(dim=1) + 1
