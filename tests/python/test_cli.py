@@ -10,13 +10,16 @@ import sys
 
 import pytest
 
+import pagedllm
 from pagedllm import cli
 from pagedllm.config import EngineConfig
 from pagedllm.default_model import default_model_path
 from pagedllm.engine.llm_engine import LLMEngine
 from server_fixtures import ScriptedEngine, ServerThread
 
-PYTHON_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "python")
+# Subprocesses must import the same pagedllm as this test (an installed wheel in CI, the
+# source tree with an in-place _core in development).
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(pagedllm.__file__)))
 ENGINE = ["--num-threads", "1", "--num-kv-blocks", "64"]
 
 
