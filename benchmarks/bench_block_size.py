@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 from tqdm.auto import tqdm
 
 from benchmarks.common import checkpoint, write_results
-from benchmarks.engines import PagedEngine
+from benchmarks.engines import PagedEngine, ample_blocks
 from benchmarks.workloads import BenchRequest, describe, mixed_workload
 
 
@@ -95,9 +95,10 @@ def run(cfg: Optional[BlockSizeConfig] = None) -> dict:
                 for pool, budget in pools.items():
                     bar.set_postfix_str(f"round {r + 1}, block {bs}, {pool} pool")
                     # One fresh engine per run: the pool size depends on the block size.
+                    # "ample": every request's whole sequence fits at once.
+                    blocks = budget // bs if budget else ample_blocks(reqs, bs)
                     engine = PagedEngine(ckpt, block_size=bs, num_threads=cfg.num_threads,
-                                         num_kv_blocks=None if budget is None else budget // bs,
-                                         max_model_len=max(max_len, 2 * bs) if budget else None)
+                                         num_kv_blocks=blocks, max_model_len=max_len)
                     engine.generate(reqs[:2])  # warm-up
                     raw[pool][bs].append(_one(engine, reqs))
                     del engine

@@ -29,7 +29,7 @@ from typing import List, Optional
 from tqdm.auto import tqdm
 
 from benchmarks.common import checkpoint, write_results
-from benchmarks.engines import PagedEngine
+from benchmarks.engines import PagedEngine, ample_blocks
 from benchmarks.workloads import BenchRequest, describe, mixed_workload
 
 
@@ -155,6 +155,8 @@ def run(cfg: Optional[MemoryConfig] = None) -> dict:
     reqs = mixed_workload(vocab=random_config(cfg.model).vocab_size, seed=0, **cfg.mixed)
     with tqdm(total=2, desc="memory", unit="run", dynamic_ncols=True) as bar:
         engine = PagedEngine(ckpt, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+                             num_kv_blocks=max(ample_blocks(reqs, cfg.block_size),
+                                               -(-cfg.max_model_len // cfg.block_size)),
                              max_model_len=cfg.max_model_len, num_threads=cfg.num_threads)
         engine.generate(reqs[:4])  # warm-up
         trace = utilization_trace(engine, reqs, cfg.max_model_len)

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Tuple
 from tqdm.auto import tqdm
 
 from benchmarks.common import checkpoint, write_results
-from benchmarks.engines import PagedEngine, RunResult
+from benchmarks.engines import PagedEngine, RunResult, ample_blocks
 from benchmarks.workloads import BenchRequest, describe, mixed_workload, shared_prefix_workload
 
 
@@ -116,10 +116,10 @@ def fork_sharing(engine: PagedEngine, reqs: List[BenchRequest], widths, bar) -> 
 
 def shared_prefix(ckpt: str, cfg: SharingConfig, reqs: List[BenchRequest], bar) -> dict:
     """Part 2 of the module docstring."""
-    engines = {"on": PagedEngine(ckpt, block_size=cfg.block_size, enable_prefix_caching=True,
-                                 num_threads=cfg.num_threads),
-               "off": PagedEngine(ckpt, block_size=cfg.block_size, enable_prefix_caching=False,
-                                  num_threads=cfg.num_threads)}
+    blocks = ample_blocks(reqs, cfg.block_size)
+    engines = {mode: PagedEngine(ckpt, block_size=cfg.block_size, num_kv_blocks=blocks,
+                                 enable_prefix_caching=mode == "on", num_threads=cfg.num_threads)
+               for mode in ("on", "off")}
     warm = reqs[:2]
     for e in engines.values():
         e.generate(warm)
@@ -172,6 +172,7 @@ def run(cfg: Optional[SharingConfig] = None) -> dict:
     total = 2 * len(cfg.widths) + 2 * cfg.repeats
     with tqdm(total=total, desc="sharing", unit="run", dynamic_ncols=True) as bar:
         engine = PagedEngine(checkpoint(cfg.fork_model), block_size=cfg.block_size,
+                             num_kv_blocks=ample_blocks(fork_reqs, cfg.block_size, max(cfg.widths)),
                              num_threads=cfg.num_threads)
         engine.generate(fork_reqs[:2])  # warm-up
         forks = fork_sharing(engine, fork_reqs, cfg.widths, bar)

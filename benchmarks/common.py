@@ -10,12 +10,14 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # Set by `python -m benchmarks --quick` (and the smoke test) so that trial runs never overwrite
 # the committed results.
 RESULTS_DIR_ENV = "PAGEDLLM_BENCH_RESULTS_DIR"
+# Random-weight checkpoints are written once here ($PAGEDLLM_BENCH_CHECKPOINTS overrides).
+CHECKPOINT_CACHE_ENV = "PAGEDLLM_BENCH_CHECKPOINTS"
 CHECKPOINT_CACHE = Path.home() / ".cache" / "pagedllm" / "bench-checkpoints"
 
 
@@ -95,7 +97,7 @@ def write_results(name: str, payload: dict) -> Path:
     return path
 
 
-def checkpoint(preset, seed: int = 0, root: Path = CHECKPOINT_CACHE) -> str:
+def checkpoint(preset, seed: int = 0, root: Optional[Path] = None) -> str:
     """A random-weight fp32 Llama checkpoint directory, written once and reused.
 
     The weights depend only on the preset and the seed (see write_random_checkpoint), so a
@@ -104,17 +106,17 @@ def checkpoint(preset, seed: int = 0, root: Path = CHECKPOINT_CACHE) -> str:
     Args:
         preset: a PRESETS name ("tiny", "small") or a dict of config.json fields.
         seed: seed of the weights.
-        root: the cache folder.
+        root: the cache folder (default $PAGEDLLM_BENCH_CHECKPOINTS or CHECKPOINT_CACHE).
     Returns:
         The checkpoint directory.
     """
-    from pagedllm.model.checkpoint import write_random_checkpoint
+    from pagedllm.model.checkpoint import random_config, write_random_checkpoint
 
-    if isinstance(preset, str):
-        name = f"{preset}-seed{seed}"
-    else:
-        key = json.dumps(preset, sort_keys=True).encode()
-        name = f"custom-{hashlib.sha1(key).hexdigest()[:12]}-seed{seed}"
+    # The folder name carries a hash of the full config, so a changed preset is a new folder.
+    key = json.dumps(random_config(preset).to_hf_dict(), sort_keys=True).encode()
+    label = preset if isinstance(preset, str) else "custom"
+    name = f"{label}-{hashlib.sha1(key).hexdigest()[:10]}-seed{seed}"
+    root = Path(root or os.environ.get(CHECKPOINT_CACHE_ENV) or CHECKPOINT_CACHE)
     path = root / name
     done = path / ".complete"
     if not done.exists():

@@ -53,6 +53,13 @@ class RunResult:
         return out
 
 
+def ample_blocks(reqs: List[BenchRequest], block_size: int, copies: int = 1) -> int:
+    """KV blocks that hold every request's whole sequence at once (`copies` times each, for
+    forks), plus one spare block per request: a pool that never limits the batch."""
+    return copies * sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) + 1
+                        for r in reqs)
+
+
 class PagedEngine:
     """pagedllm's LLM with the benchmark defaults (fp32, greedy, prefix caching off).
 
