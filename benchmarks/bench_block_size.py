@@ -50,7 +50,7 @@ class BlockSizeConfig:
         max_prompt=1024, max_output=512))
     block_sizes: Tuple[int, ...] = (8, 16, 32, 64, 128, 256)
     budget_tokens: Optional[int] = 16384
-    repeats: int = 3
+    repeats: int = 2
     num_threads: Optional[int] = None
 
     @classmethod

