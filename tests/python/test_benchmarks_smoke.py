@@ -150,5 +150,5 @@ def test_vllm_peer_reports_a_missing_venv(tmp_path, monkeypatch):
     from benchmarks.peers.vllm_client import PeerUnavailable, vllm_python
 
     monkeypatch.setenv("VLLM_VENV", str(tmp_path / "no-venv"))
-    with pytest.raises(PeerUnavailable, match="no vLLM venv"):
+    with pytest.raises(PeerUnavailable, match="no venv at"):
         vllm_python(build=False)
