@@ -2,5 +2,6 @@
 target_sources(_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/bind_kernels.cpp
   ${CMAKE_CURRENT_LIST_DIR}/dlpack_tensor.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/kernel_args.cpp
 )
 target_compile_definitions(_core PRIVATE PAGEDLLM_WITH_KERNELS=1)

@@ -6,7 +6,7 @@ extend::
     model: path/to/llama          # optional; the bundled default model otherwise
     kv_cache:
       block_size: 16
-      dtype: auto                 # auto | fp16 | bf16 | fp8 | fp8_e4m3 | fp8_e5m2
+      dtype: auto                 # auto | fp32 | fp16 | bf16 | fp8 (= fp8_e4m3) | fp8_e5m2
       memory_bytes: 2147483648    # or num_blocks: 4096
       enable_prefix_caching: true
       watermark: 0.01
@@ -27,7 +27,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
+from pagedllm.model.kv_cache import KV_CACHE_DTYPES
+
 DEFAULT_KV_CACHE_MEMORY_BYTES = 2 << 30
 
 # YAML section -> {yaml key: EngineConfig field}

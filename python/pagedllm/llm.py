@@ -76,8 +76,8 @@ class LLM:
         Args:
             prompts: a prompt or a list; each is text, {"prompt": text} or
                 {"prompt_token_ids": [...]}.
-            sampling_params: one SamplingParams for all, or one per prompt (default greedy-free
-                SamplingParams()).
+            sampling_params: one SamplingParams for all, or one per prompt (default: the
+                checkpoint's generation_config.json sampling settings, as vLLM does).
             use_tqdm: show a progress bar.
         Returns:
             One finished RequestOutput per prompt, in input order.
@@ -87,7 +87,7 @@ class LLM:
         """
         plist = _as_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(plist)
+            params = [sampling_params or self.engine.default_sampling_params()] * len(plist)
         else:
             params = list(sampling_params)
             if len(params) != len(plist):

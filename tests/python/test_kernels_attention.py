@@ -85,14 +85,19 @@ def run_decode(gen, lens, heads, kvh, head_dim, block_size, kv_dtype, act, k_sca
 
 
 def run_prefill(gen, lens, q_lens, heads, kvh, head_dim, block_size, kv_dtype, act,
-                k_scale=1.0, v_scale=1.0, pool_layers=0):
+                k_scale=1.0, v_scale=1.0, pool_layers=0, strided=False):
     kv = make_paged_kv(gen, lens, kvh, head_dim, block_size, kv_dtype, act, k_scale, v_scale,
                        pool_layers=pool_layers)
     cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(q_lens).cumsum(0)
     total = int(cu[-1])
-    q = torch.randn((total, heads, head_dim), generator=gen).to(act)
-    out = torch.full((total, heads, head_dim), float("nan"), dtype=act)
+    if strided:  # query sliced from a fused qkv, out a slice of a wider buffer
+        q = torch.randn((total, heads + 2 * kvh, head_dim), generator=gen).to(act)[:, :heads]
+        wide = torch.full((total, heads + 3, head_dim), float("nan"), dtype=act)
+        out = wide[:, 1:heads + 1]
+    else:
+        q = torch.randn((total, heads, head_dim), generator=gen).to(act)
+        out = torch.full((total, heads, head_dim), float("nan"), dtype=act)
     scale = 1.0 / math.sqrt(head_dim)
     _core.paged_attention_prefill(out, q, kv.key_cache, kv.value_cache, kv.block_tables, cu,
                                   kv.context_lens, scale, kv_dtype, k_scale, v_scale)
@@ -154,7 +159,7 @@ def test_prefill_random_matrix(matrix_kernel, seed):
         run_prefill(gen, lens, q_lens, cfg["heads"], cfg["kvh"], cfg["head_dim"],
                     cfg["block_size"], cfg["kv_dtype"], cfg["act"],
                     k_scale=0.5 if fp8 else 1.0, v_scale=2.0 if fp8 else 1.0,
-                    pool_layers=rng.choice([0, 2]))
+                    pool_layers=rng.choice([0, 2]), strided=rng.random() < 0.3)
 
 
 @pytest.mark.parametrize("heads,kvh", [(8, 8), (32, 8), (32, 4), (16, 1)])

@@ -54,6 +54,49 @@ struct Scratch {
 };
 thread_local Scratch t_scratch;
 
+// dst[0, hd) = src[0, hd) * mul as float32 (the type switch outside the loop, so the common
+// float32 / bfloat16 loops vectorise).
+void load_row(const void* src, ScalarType t, int hd, float mul, float* dst) {
+  switch (t) {
+    case ScalarType::kFloat32: {
+      const auto* s = static_cast<const float*>(src);
+      for (int d = 0; d < hd; ++d) dst[d] = s[d] * mul;
+      return;
+    }
+    case ScalarType::kBFloat16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (int d = 0; d < hd; ++d) dst[d] = bf16_to_float(s[d]) * mul;
+      return;
+    }
+    case ScalarType::kFloat16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (int d = 0; d < hd; ++d) dst[d] = half_to_float(s[d]) * mul;
+      return;
+    }
+  }
+}
+
+// dst[0, hd) = src[0, hd) * mul in the activation type (round to nearest even).
+void store_row(const float* src, float mul, int hd, void* dst, ScalarType t) {
+  switch (t) {
+    case ScalarType::kFloat32: {
+      auto* o = static_cast<float*>(dst);
+      for (int d = 0; d < hd; ++d) o[d] = src[d] * mul;
+      return;
+    }
+    case ScalarType::kBFloat16: {
+      auto* o = static_cast<uint16_t*>(dst);
+      for (int d = 0; d < hd; ++d) o[d] = float_to_bf16(src[d] * mul);
+      return;
+    }
+    case ScalarType::kFloat16: {
+      auto* o = static_cast<uint16_t*>(dst);
+      for (int d = 0; d < hd; ++d) o[d] = float_to_half(src[d] * mul);
+      return;
+    }
+  }
+}
+
 // q rows of heads [head0, head0 + count) of query token `token`, times `mul`, as float32.
 void load_query(const AttentionParams& p, int token, int head0, int count, float mul, float* dst) {
   const int hd = p.cache.head_dim;
@@ -61,16 +104,15 @@ void load_query(const AttentionParams& p, int token, int head0, int count, float
   for (int g = 0; g < count; ++g) {
     const auto* src = static_cast<const char*>(p.query) +
                       (token * p.query_token_stride + (head0 + g) * p.query_head_stride) * es;
-    for (int d = 0; d < hd; ++d) dst[g * hd + d] = load_scalar(src, p.dtype, d) * mul;
+    load_row(src, p.dtype, hd, mul, dst + g * hd);
   }
 }
 
 // out[token, head] = acc * mul.
 void store_out(const AttentionParams& p, int token, int head, const float* acc, float mul) {
-  const int hd = p.cache.head_dim;
   auto* dst = static_cast<char*>(p.out) +
               (token * p.out_token_stride + head * p.out_head_stride) * element_size(p.dtype);
-  for (int d = 0; d < hd; ++d) store_scalar(dst, p.dtype, d, acc[d] * mul);
+  store_row(acc, mul, p.cache.head_dim, dst, p.dtype);
 }
 
 // The engine task for `rows` query rows of KV head `kvh` of sequence `seq`.

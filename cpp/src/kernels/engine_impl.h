@@ -19,7 +19,7 @@
 // the loops); for each chunk, the query rows are taken in register tiles of up to 8 rows:
 //   scores  s[r][t] = q_r . k_t        (R rows x TT tokens = 8 accumulators, one reduction)
 //   softmax m' = max(m, max_t s), p = exp(s - m'), l = l * exp(m - m') + sum p, acc *= ...
-//   values  acc_r += sum_t p[r][t] v_t (R rows x CC column vectors = 8 accumulators)
+//   values  acc_r += sum_t p[r][t] v_t (<= 4 rows x CC column vectors = 8 accumulators)
 // All tiles of a chunk reuse the chunk's K/V rows from L1, so K/V are read from memory once
 // per task whatever the number of query rows (the GQA group, and in prefill its tokens).
 
@@ -146,6 +146,14 @@ int tile_values(const Chunk& c, int n, float (*p)[kChunk], float* acc, int hd, i
   return d;
 }
 
+// acc_r += sum_t p[r][t] v_t over all of head_dim for R <= 4 rows.
+template <CacheType CT, int R>
+void values_pass(const Chunk& c, int n, float (*p)[kChunk], float* acc, int hd) {
+  constexpr int CC = kTile / R;
+  const int d = tile_values<CT, R, CC>(c, n, p, acc, hd, 0);
+  if (d < hd) tile_values<CT, R, 1>(c, n, p, acc, hd, d);
+}
+
 // One register tile of R query rows (starting at row0) against one chunk.
 template <CacheType CT, int R>
 void attend_tile(const AttendTask& task, int row0, const Chunk& c) {
@@ -167,10 +175,15 @@ void attend_tile(const AttendTask& task, int row0, const Chunk& c) {
     row_softmax(s[r], visible[r], n, task.row_max + row0 + r, task.row_sum + row0 + r,
                 task.acc + (row0 + r) * hd, hd);
   }
-  constexpr int CC = kTile / R;
   float* acc = task.acc + row0 * hd;
-  const int d = tile_values<CT, R, CC>(c, n, s, acc, hd, 0);
-  if (d < hd) tile_values<CT, R, 1>(c, n, s, acc, hd, d);
+  if constexpr (R > 4) {
+    // Two passes of <= 4 rows: each value vector then feeds 2 column accumulators per row,
+    // halving the probability broadcasts per multiply-add (V rows are re-read from L1).
+    values_pass<CT, 4>(c, n, s, acc, hd);
+    values_pass<CT, R - 4>(c, n, s + 4, acc + 4 * hd, hd);
+  } else {
+    values_pass<CT, R>(c, n, s, acc, hd);
+  }
 }
 
 template <CacheType CT>

@@ -20,14 +20,43 @@ bool same_type(ScalarType s, CacheType c) {
          (s == ScalarType::kBFloat16 && c == CacheType::kBFloat16);
 }
 
-// Writes one row of head_dim elements, divided by `scale` (1 unless fp8) when converting.
-void write_row(const char* src, ScalarType st, char* dst, CacheType ct, int hd, float scale,
-               bool copy) {
-  if (copy) {
-    std::memcpy(dst, src, static_cast<size_t>(hd) * element_size(st));
-    return;
+// One row of head_dim elements, converted, divided by `scale` (1 unless fp8). The types are
+// template constants so the per-element switches of convert.h fold away.
+template <ScalarType S, CacheType C>
+void convert_row(const char* src, char* dst, int hd, float scale) {
+  for (int d = 0; d < hd; ++d) store_cache_scalar(dst, C, d, load_scalar(src, S, d) / scale);
+}
+
+using RowWriter = void (*)(const char* src, char* dst, int hd, float scale);
+
+template <ScalarType S>
+RowWriter row_writer_for(CacheType c) {
+  switch (c) {
+    case CacheType::kFloat32: return &convert_row<S, CacheType::kFloat32>;
+    case CacheType::kFloat16: return &convert_row<S, CacheType::kFloat16>;
+    case CacheType::kBFloat16: return &convert_row<S, CacheType::kBFloat16>;
+    case CacheType::kFp8E4M3: return &convert_row<S, CacheType::kFp8E4M3>;
+    case CacheType::kFp8E5M2: return &convert_row<S, CacheType::kFp8E5M2>;
   }
-  for (int d = 0; d < hd; ++d) store_cache_scalar(dst, ct, d, load_scalar(src, st, d) / scale);
+  return nullptr;
+}
+
+void copy_row(const char* src, char* dst, int hd, float /*scale*/) {
+  std::memcpy(dst, src, static_cast<size_t>(hd) * 4);
+}
+void copy_row16(const char* src, char* dst, int hd, float /*scale*/) {
+  std::memcpy(dst, src, static_cast<size_t>(hd) * 2);
+}
+
+// The row writer for activations of type s into a cache of type c (a copy when they match).
+RowWriter row_writer(ScalarType s, CacheType c) {
+  if (same_type(s, c)) return s == ScalarType::kFloat32 ? &copy_row : &copy_row16;
+  switch (s) {
+    case ScalarType::kFloat32: return row_writer_for<ScalarType::kFloat32>(c);
+    case ScalarType::kFloat16: return row_writer_for<ScalarType::kFloat16>(c);
+    case ScalarType::kBFloat16: return row_writer_for<ScalarType::kBFloat16>(c);
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -41,7 +70,7 @@ void reshape_and_cache(const ReshapeAndCacheParams& p) {
   const bool fp8 = c.dtype == CacheType::kFp8E4M3 || c.dtype == CacheType::kFp8E5M2;
   const float k_div = fp8 ? c.k_scale : 1.0f;
   const float v_div = fp8 ? c.v_scale : 1.0f;
-  const bool copy = same_type(p.dtype, c.dtype);
+  const RowWriter write_row = row_writer(p.dtype, c.dtype);
   const int64_t head_elems = static_cast<int64_t>(c.block_size) * hd;
   const int64_t tasks = (p.num_tokens + kTokensPerTask - 1) / kTokensPerTask;
   parallel_for(tasks, [&](int64_t task, int) {
@@ -61,8 +90,8 @@ void reshape_and_cache(const ReshapeAndCacheParams& p) {
         char* kd = static_cast<char*>(c.key_cache) + (block * c.key_block_stride + cache_off) * ces;
         char* vd =
             static_cast<char*>(c.value_cache) + (block * c.value_block_stride + cache_off) * ces;
-        write_row(k, p.dtype, kd, c.dtype, hd, k_div, copy);
-        write_row(v, p.dtype, vd, c.dtype, hd, v_div, copy);
+        write_row(k, kd, hd, k_div);
+        write_row(v, vd, hd, v_div);
       }
     }
   });

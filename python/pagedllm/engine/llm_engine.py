@@ -99,6 +99,32 @@ class LLMEngine:
         # Called after each step is scheduled with the KV pool's stats (benchmarks, monitors).
         self.on_step: Optional[Callable[[dict], None]] = None
 
+    def generation_defaults(self) -> dict:
+        """Sampling defaults from the checkpoint's generation_config.json (vLLM's behaviour):
+        temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens (as max_tokens),
+        where present; temperature 0 when it sets do_sample false."""
+        import json
+
+        path = os.path.join(self.model_path, "generation_config.json")
+        if not os.path.isfile(path):
+            return {}
+        try:
+            with open(path) as f:
+                gen = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        out = {k: gen[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+               if isinstance(gen.get(k), (int, float)) and not isinstance(gen.get(k), bool)}
+        if isinstance(gen.get("max_new_tokens"), int):
+            out["max_tokens"] = gen["max_new_tokens"]
+        if gen.get("do_sample") is False:
+            out["temperature"] = 0.0
+        return out
+
+    def default_sampling_params(self, **overrides) -> SamplingParams:
+        """SamplingParams with the checkpoint's generation defaults, then `overrides`."""
+        return SamplingParams(**{**self.generation_defaults(), **overrides})
+
     def _load_tokenizer(self):
         if not os.path.isfile(os.path.join(self.model_path, "tokenizer.json")):
             return None

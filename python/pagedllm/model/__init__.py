@@ -3,7 +3,7 @@
     from pagedllm.model import load_model, PagedKVCache, AttentionMetadata
     model, config = load_model("path/to/llama")          # LlamaForCausalLM, ModelConfig
     kv = PagedKVCache(config, num_blocks, block_size)
-    hidden = model(input_ids, positions, meta, kv)       # [num_tokens, hidden_size], final norm applied
+    hidden = model(input_ids, positions, meta, kv)       # [num_tokens, hidden_size], normed
     logits = model.compute_logits(hidden[last_rows])     # [n, vocab_size] float32
 """
 

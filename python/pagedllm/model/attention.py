@@ -54,7 +54,8 @@ class AttentionMetadata:
         self.num_seqs = self.context_lens.shape[0]
         self.num_tokens = self.slot_mapping.shape[0]
         nd = self.num_decode_seqs
-        if self.block_tables.shape[0] != self.num_seqs or self.cu_seqlens_q.shape[0] != self.num_seqs + 1:
+        if (self.block_tables.shape[0] != self.num_seqs
+                or self.cu_seqlens_q.shape[0] != self.num_seqs + 1):
             raise ValueError(
                 f"block_tables has {self.block_tables.shape[0]} rows and cu_seqlens_q "
                 f"{self.cu_seqlens_q.shape[0]} entries: expected num_seqs = {self.num_seqs} "
@@ -78,7 +79,8 @@ class AttentionMetadata:
 def _check(t: torch.Tensor, name: str, dim: int, dtypes: tuple[torch.dtype, ...]) -> None:
     if not isinstance(t, torch.Tensor) or t.dim() != dim or t.dtype not in dtypes:
         got = f"{t.dtype} of rank {t.dim()}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"{name}: expected a rank-{dim} tensor of {[str(d) for d in dtypes]}, got {got}")
+        raise ValueError(f"{name}: expected a rank-{dim} tensor of {[str(d) for d in dtypes]}, "
+                         f"got {got}")
 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -60,7 +60,8 @@ def random_config(preset: Union[str, Mapping[str, Any]] = "tiny", **overrides: A
     d = dict(BASE_CONFIG)
     if isinstance(preset, str):
         if preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}: expected one of {sorted(PRESETS)} or a dict")
+            raise ValueError(f"unknown preset {preset!r}: expected one of {sorted(PRESETS)} "
+                             f"or a dict")
         d.update(PRESETS[preset])
     else:
         d.update(preset)
@@ -88,10 +89,12 @@ def write_random_checkpoint(path: Union[str, os.PathLike],
     """
     if dtype not in _FILE_DTYPES:
         raise ValueError(f"dtype {dtype}: expected one of {_FILE_DTYPES}")
-    config = random_config(preset, **{"torch_dtype": str(dtype).removeprefix("torch."), **overrides})
+    file_dtype = str(dtype).removeprefix("torch.")
+    config = random_config(preset, **{"torch_dtype": file_dtype, **overrides})
     slots = expected_tensors(config)
     if not 1 <= num_shards <= len(slots):
-        raise ValueError(f"num_shards = {num_shards}: expected 1..{len(slots)} (one tensor at least each)")
+        raise ValueError(f"num_shards = {num_shards}: expected 1..{len(slots)} "
+                         f"(one tensor at least each)")
     os.makedirs(path, exist_ok=True)
     _write_json(os.path.join(path, "config.json"), config.to_hf_dict())
     _write_json(os.path.join(path, "generation_config.json"), _generation_config(config))
@@ -150,9 +153,8 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _generation_config(config: ModelConfig) -> dict[str, Any]:
-    eos: Optional[Any] = None
-    if config.eos_token_ids:
-        eos = config.eos_token_ids[0] if len(config.eos_token_ids) == 1 else list(config.eos_token_ids)
+    ids = config.eos_token_ids
+    eos: Optional[Any] = (ids[0] if len(ids) == 1 else list(ids)) if ids else None
     return {"_from_model_config": True, "bos_token_id": config.bos_token_id, "eos_token_id": eos}
 
 

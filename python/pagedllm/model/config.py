@@ -37,14 +37,16 @@ class RopeScaling:
 
     def __post_init__(self) -> None:
         if self.rope_type not in ("linear", "llama3"):
-            raise ValueError(f"rope_scaling.rope_type {self.rope_type!r}: expected 'linear' or 'llama3'")
+            raise ValueError(f"rope_scaling.rope_type {self.rope_type!r}: expected 'linear' or "
+                             f"'llama3'")
         if not (math.isfinite(self.factor) and self.factor > 0):
             raise ValueError(f"rope_scaling.factor = {self.factor}: expected a positive number")
         if self.rope_type == "llama3":
             if not self.high_freq_factor > self.low_freq_factor > 0:
                 raise ValueError(
                     f"rope_scaling: expected high_freq_factor > low_freq_factor > 0, got "
-                    f"high_freq_factor={self.high_freq_factor}, low_freq_factor={self.low_freq_factor}")
+                    f"high_freq_factor={self.high_freq_factor}, "
+                    f"low_freq_factor={self.low_freq_factor}")
             if self.original_max_position_embeddings <= 0:
                 raise ValueError("rope_scaling.original_max_position_embeddings must be positive")
 
@@ -52,8 +54,8 @@ class RopeScaling:
         """The `rope_scaling` entry of a Hugging Face config.json."""
         if self.rope_type == "linear":
             return {"rope_type": "linear", "factor": self.factor}
-        return {"rope_type": "llama3", "factor": self.factor, "low_freq_factor": self.low_freq_factor,
-                "high_freq_factor": self.high_freq_factor,
+        return {"rope_type": "llama3", "factor": self.factor,
+                "low_freq_factor": self.low_freq_factor, "high_freq_factor": self.high_freq_factor,
                 "original_max_position_embeddings": self.original_max_position_embeddings}
 
 
@@ -98,7 +100,8 @@ class ModelConfig:
                 f"num_attention_heads = {self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads = {self.num_key_value_heads}")
         if self.head_dim % 2 != 0:
-            raise ValueError(f"head_dim = {self.head_dim}: expected an even number (RoPE rotates pairs)")
+            raise ValueError(f"head_dim = {self.head_dim}: expected an even number "
+                             f"(RoPE rotates pairs)")
         if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0):
             raise ValueError(f"rms_norm_eps = {self.rms_norm_eps!r}: expected a positive number")
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
@@ -107,7 +110,8 @@ class ModelConfig:
             raise ValueError(f"hidden_act = {self.hidden_act!r}: only 'silu' is supported")
         for tid in self.eos_token_ids + (() if self.bos_token_id is None else (self.bos_token_id,)):
             if not 0 <= tid < self.vocab_size:
-                raise ValueError(f"special token id {tid} is outside the vocabulary [0, {self.vocab_size})")
+                raise ValueError(f"special token id {tid} is outside the vocabulary "
+                                 f"[0, {self.vocab_size})")
 
     # --- derived sizes ------------------------------------------------------------------------
     @property
@@ -167,14 +171,15 @@ class ModelConfig:
         head_dim = d.get("head_dim")
         if head_dim is None:
             if hidden % heads != 0:
-                raise ValueError(f"hidden_size = {hidden} is not a multiple of num_attention_heads = "
-                                 f"{heads} and no head_dim is given")
+                raise ValueError(f"hidden_size = {hidden} is not a multiple of "
+                                 f"num_attention_heads = {heads} and no head_dim is given")
             head_dim = hidden // heads
         max_pos = _as_int("max_position_embeddings", d.get("max_position_embeddings", 2048))
         rope_theta, rope_scaling = _parse_rope(d, max_pos)
         partial = d.get("partial_rotary_factor", 1.0)
         if partial != 1.0:
-            raise ValueError(f"partial_rotary_factor = {partial!r}: only 1.0 is supported for Llama")
+            raise ValueError(f"partial_rotary_factor = {partial!r}: only 1.0 is supported "
+                             f"for Llama")
 
         gen = generation_config or {}
         eos = gen.get("eos_token_id", d.get("eos_token_id"))
@@ -193,7 +198,8 @@ class ModelConfig:
             rms_norm_eps=_as_float("rms_norm_eps", d.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            tie_word_embeddings=_as_bool("tie_word_embeddings", d.get("tie_word_embeddings", False)),
+            tie_word_embeddings=_as_bool("tie_word_embeddings",
+                                         d.get("tie_word_embeddings", False)),
             attention_bias=_as_bool("attention_bias", d.get("attention_bias", False)),
             mlp_bias=_as_bool("mlp_bias", d.get("mlp_bias", False)),
             initializer_range=_as_float("initializer_range", d.get("initializer_range", 0.02)),
@@ -221,7 +227,8 @@ class ModelConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A Hugging Face config.json dict (legacy rope keys, read by transformers 4.45+ and 5)."""
-        eos: Any = list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0]
+        ids = self.eos_token_ids
+        eos: Any = ids[0] if len(ids) == 1 else list(ids)
         d = {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",

@@ -29,7 +29,8 @@ from pagedllm.model.config import ModelConfig
 _KV_DTYPES: dict[str, tuple[torch.dtype | None, str]] = {
     "auto": (None, "auto"),
     "fp32": (torch.float32, "auto"), "float32": (torch.float32, "auto"),
-    "fp16": (torch.float16, "auto"), "float16": (torch.float16, "auto"), "half": (torch.float16, "auto"),
+    "fp16": (torch.float16, "auto"), "float16": (torch.float16, "auto"),
+    "half": (torch.float16, "auto"),
     "bf16": (torch.bfloat16, "auto"), "bfloat16": (torch.bfloat16, "auto"),
     "fp8": (torch.uint8, "fp8_e4m3"), "fp8_e4m3": (torch.uint8, "fp8_e4m3"),
     "fp8_e5m2": (torch.uint8, "fp8_e5m2"),
@@ -37,7 +38,8 @@ _KV_DTYPES: dict[str, tuple[torch.dtype | None, str]] = {
 KV_CACHE_DTYPES = tuple(_KV_DTYPES)
 
 
-def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> tuple[torch.dtype, str]:
+def resolve_kv_cache_dtype(kv_cache_dtype: str,
+                           model_dtype: torch.dtype) -> tuple[torch.dtype, str]:
     """(storage torch dtype, kernel dtype name) of a kv_cache_dtype name.
 
     Raises:
@@ -65,7 +67,8 @@ class PagedKVCache:
                  kv_cache_dtype: str = "auto", k_scale: float = 1.0, v_scale: float = 1.0,
                  dtype: torch.dtype = torch.float32) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks = {num_blocks}, block_size = {block_size}: expected >= 1 each")
+            raise ValueError(f"num_blocks = {num_blocks}, block_size = {block_size}: "
+                             f"expected >= 1 each")
         if not (k_scale > 0 and v_scale > 0):
             raise ValueError(f"k_scale = {k_scale}, v_scale = {v_scale}: expected positive scales")
         self.storage_dtype, self.kernel_kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, dtype)
@@ -85,7 +88,8 @@ class PagedKVCache:
                         dtype: torch.dtype = torch.float32) -> int:
         """Bytes one block takes (all layers, keys and values), to size a pool from a budget."""
         storage, _ = resolve_kv_cache_dtype(kv_cache_dtype, dtype)
-        elems = config.num_hidden_layers * 2 * config.num_key_value_heads * block_size * config.head_dim
+        elems = (config.num_hidden_layers * 2 * config.num_key_value_heads * block_size
+                 * config.head_dim)
         return elems * torch.empty((), dtype=storage).element_size()
 
     @property

@@ -94,9 +94,9 @@ class LlamaAttention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
         # q and k rotated together: [num_tokens, num_heads + num_kv_heads, head_dim] contiguous
+        qk_in = qkv[:, :self.q_size + self.kv_size]
         qk = RotaryEmbedding.apply(
-            qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim),
-            cos, sin)
+            qk_in.view(t, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
         q = qk[:, :self.num_heads]       # [num_tokens, num_heads, head_dim] (row stride of qk)
         k = qk[:, self.num_heads:]       # [num_tokens, num_kv_heads, head_dim]
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
@@ -114,7 +114,8 @@ class LlamaMLP(nn.Module):
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size,
                                    config.mlp_bias, dtype)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, config.mlp_bias, dtype)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, config.mlp_bias,
+                                dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [n, hidden_size] -> gate_up: [n, 2 * intermediate_size]
@@ -185,10 +186,12 @@ class LlamaForCausalLM(nn.Module):
         """
         n = input_ids.shape[0]
         if input_ids.dim() != 1 or positions.shape != input_ids.shape or meta.num_tokens != n:
-            raise ValueError(f"input_ids {list(input_ids.shape)}, positions {list(positions.shape)}, "
-                             f"slot_mapping [{meta.num_tokens}]: expected three [num_tokens] vectors")
+            raise ValueError(f"input_ids {list(input_ids.shape)}, positions "
+                             f"{list(positions.shape)}, slot_mapping [{meta.num_tokens}]: "
+                             f"expected three [num_tokens] vectors")
         if kv.num_layers != len(self.layers):
-            raise ValueError(f"the KV cache has {kv.num_layers} layers, the model {len(self.layers)}")
+            raise ValueError(f"the KV cache has {kv.num_layers} layers, the model "
+                             f"{len(self.layers)}")
         # x: [num_tokens, hidden_size]
         x = self.embed_tokens(input_ids)
         # cos, sin: [num_tokens, 1, head_dim], shared by every layer

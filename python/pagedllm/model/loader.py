@@ -60,7 +60,8 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32
         raise ValueError(f"dtype {dtype}: expected one of {SUPPORTED_MODEL_DTYPES}")
     path = os.fspath(path)
     if not os.path.isdir(path):
-        raise CheckpointError(f"{path}: not a directory (expected a Hugging Face checkpoint directory)")
+        raise CheckpointError(f"{path}: not a directory (expected a Hugging Face checkpoint "
+                              f"directory)")
     config = ModelConfig.from_dir(path)
     files, index_map = _weight_files(path)
     found = _scan(files)
@@ -148,7 +149,8 @@ def _validate(path: str, config: ModelConfig, slots: dict[str, TensorSlot],
         if slot is None and name == "lm_head.weight" and config.tie_word_embeddings:
             slot = TensorSlot((config.vocab_size, config.hidden_size), "")  # tolerated, unused
         if slot is None:
-            problems.append(f"{info.file}: unexpected tensor {name!r}{_unexpected_hint(name, config)}")
+            problems.append(f"{info.file}: unexpected tensor {name!r}"
+                            f"{_unexpected_hint(name, config)}")
         elif info.shape != slot.shape:
             problems.append(f"{info.file}: tensor {name!r} has shape {list(info.shape)}, expected "
                             f"{list(slot.shape)}")
@@ -158,7 +160,8 @@ def _validate(path: str, config: ModelConfig, slots: dict[str, TensorSlot],
                         f"{_missing_hint(name, config)}")
     if problems:
         listed = "\n  - ".join(problems[:_MAX_LISTED])
-        more = f"\n  ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
+        extra = len(problems) - _MAX_LISTED
+        more = f"\n  ... and {extra} more" if extra > 0 else ""
         raise CheckpointError(
             f"{path}: the weights do not match config.json ({len(problems)} problem(s)); config: "
             f"{_dims(config)}\n  - {listed}{more}")

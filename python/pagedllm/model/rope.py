@@ -22,7 +22,8 @@ def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
         inv_freq: [head_dim // 2] float32.
     """
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    inv_freq = 1.0 / (config.rope_theta ** exponents)
     rs = config.rope_scaling
     if rs is None:
         return inv_freq

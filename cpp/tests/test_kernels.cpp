@@ -1,0 +1,198 @@
+// CPU kernels through their C++ params API (no Python): storage conversions, decode and prefill
+// against a double-precision reference on scattered blocks (both engines), validation, and the
+// thread pool. The exhaustive sweeps live in tests/python/test_kernels_*.py.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "pagedllm/error.h"
+#include "pagedllm/kernels/convert.h"
+#include "pagedllm/kernels/kernels.h"
+#include "pagedllm/kernels/thread_pool.h"
+
+namespace pk = pagedllm::kernels;
+
+TEST(KernelConvert, RoundsToNearestEvenAndSaturates) {
+  EXPECT_EQ(pk::float_to_half(1.0f), 0x3C00);
+  EXPECT_EQ(pk::float_to_half(1.0f + 1.0f / 2048), 0x3C00);        // tie -> even
+  EXPECT_EQ(pk::float_to_half(1.0f + 3.0f / 2048), 0x3C02);        // tie -> even (up)
+  EXPECT_EQ(pk::float_to_half(65520.0f), 0x7C00);                  // overflow -> inf
+  EXPECT_EQ(pk::float_to_half(5.9604645e-08f), 0x0001);            // smallest subnormal
+  EXPECT_EQ(pk::float_to_bf16(1.0f + 1.0f / 256), 0x3F80);         // tie -> even
+  EXPECT_EQ(pk::float_to_fp8_e4m3(1000.0f), 0x7E);                 // saturates at 448
+  EXPECT_EQ(pk::float_to_fp8_e4m3(-INFINITY), 0xFE);
+  EXPECT_EQ(pk::float_to_fp8_e4m3(NAN) & 0x7F, 0x7F);
+  EXPECT_EQ(pk::float_to_fp8_e5m2(1e6f), 0x7B);                    // saturates at 57344
+  EXPECT_EQ(pk::float_to_fp8_e4m3(0.0f), 0x00);
+  EXPECT_EQ(pk::float_to_fp8_e4m3(-0.0f), 0x80);
+}
+
+TEST(KernelConvert, Fp8TablesRoundTrip) {
+  for (int b = 0; b < 256; ++b) {
+    const float e4 = pk::kFp8E4M3ToFloat[b];
+    const float e5 = pk::kFp8E5M2ToFloat[b];
+    if (!std::isnan(e4)) {
+      EXPECT_EQ(pk::float_to_fp8_e4m3(e4), b) << b;
+    }
+    if (std::isfinite(e5)) {
+      EXPECT_EQ(pk::float_to_fp8_e5m2(e5), b) << b;
+    }
+  }
+  EXPECT_EQ(pk::kFp8E4M3ToFloat[0x7E], 448.0f);
+  EXPECT_EQ(pk::kFp8E4M3ToFloat[0x01], std::ldexp(1.0f, -9));
+  EXPECT_TRUE(std::isinf(pk::kFp8E5M2ToFloat[0x7C]));
+}
+
+namespace {
+
+// One layer of paged fp32 K/V with sequences scattered over permuted blocks.
+struct Fixture {
+  int kvh = 2, heads = 8, hd = 64, bs = 4, num_blocks = 0, max_blocks = 0;
+  std::vector<int> lens;
+  std::vector<float> k, v;       // [num_blocks, kvh, bs, hd]
+  std::vector<int32_t> tables;   // [num_seqs, max_blocks]
+  std::vector<int32_t> ctx;
+
+  explicit Fixture(std::vector<int> l) : lens(std::move(l)) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> n01;
+    for (int len : lens) max_blocks = std::max(max_blocks, (len + bs - 1) / bs);
+    num_blocks = static_cast<int>(lens.size()) * max_blocks;
+    k.resize(static_cast<size_t>(num_blocks) * kvh * bs * hd);
+    v.resize(k.size());
+    for (auto& x : k) x = n01(rng);
+    for (auto& x : v) x = n01(rng);
+    std::vector<int32_t> perm(num_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    tables = perm;
+    for (int len : lens) ctx.push_back(len);
+  }
+
+  pk::AttentionParams params(float* out, const float* q, int num_tokens) {
+    pk::AttentionParams p;
+    p.out = out;
+    p.query = q;
+    p.out_token_stride = p.query_token_stride = heads * hd;
+    p.out_head_stride = p.query_head_stride = hd;
+    p.num_tokens = num_tokens;
+    p.num_heads = heads;
+    p.cache.key_cache = k.data();
+    p.cache.value_cache = v.data();
+    p.cache.key_block_stride = p.cache.value_block_stride = kvh * bs * hd;
+    p.cache.num_blocks = num_blocks;
+    p.cache.num_kv_heads = kvh;
+    p.cache.block_size = bs;
+    p.cache.head_dim = hd;
+    p.block_tables = tables.data();
+    p.block_table_stride = max_blocks;
+    p.max_blocks_per_seq = max_blocks;
+    p.context_lens = ctx.data();
+    p.num_seqs = static_cast<int>(lens.size());
+    p.scale = 0.125f;
+    return p;
+  }
+
+  // Double-precision attention of one query row of head h of sequence s over keys [0, limit).
+  std::vector<double> reference(const float* q, int s, int h, int limit) const {
+    const int g = h / (heads / kvh);
+    std::vector<double> scores(limit), out(hd, 0.0);
+    double m = -INFINITY, sum = 0.0;
+    auto at = [&](const std::vector<float>& c, int t, int d) {
+      const int b = tables[s * max_blocks + t / bs];
+      return static_cast<double>(c[((static_cast<size_t>(b) * kvh + g) * bs + t % bs) * hd + d]);
+    };
+    for (int t = 0; t < limit; ++t) {
+      double dot = 0.0;
+      for (int d = 0; d < hd; ++d) dot += q[d] * at(k, t, d);
+      scores[t] = dot * 0.125;
+      m = std::max(m, scores[t]);
+    }
+    for (int t = 0; t < limit; ++t) {
+      const double w = std::exp(scores[t] - m);
+      sum += w;
+      for (int d = 0; d < hd; ++d) out[d] += w * at(v, t, d);
+    }
+    for (auto& x : out) x /= sum;
+    return out;
+  }
+};
+
+class KernelEngines : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { pk::force_generic_kernels(GetParam()); }
+  void TearDown() override { pk::force_generic_kernels(false); }
+};
+
+}  // namespace
+
+TEST_P(KernelEngines, DecodeMatchesReference) {
+  Fixture f({1, 4, 5, 700});  // one token, an exact block, one past it, a split-K length
+  const int n = static_cast<int>(f.lens.size());
+  std::vector<float> q(static_cast<size_t>(n) * f.heads * f.hd), out(q.size(), NAN);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> n01;
+  for (auto& x : q) x = n01(rng);
+  pk::paged_attention_decode(f.params(out.data(), q.data(), n));
+  for (int s = 0; s < n; ++s)
+    for (int h = 0; h < f.heads; ++h) {
+      const size_t row = (static_cast<size_t>(s) * f.heads + h) * f.hd;
+      const auto ref = f.reference(q.data() + row, s, h, f.lens[s]);
+      for (int d = 0; d < f.hd; ++d) ASSERT_NEAR(out[row + d], ref[d], 1e-5) << s << " " << h;
+    }
+}
+
+TEST_P(KernelEngines, PrefillIsCausal) {
+  Fixture f({9, 30});
+  std::vector<int32_t> cu = {0, 3, 33};  // 3 new tokens of the first, all 30 of the second
+  const int tokens = cu.back();
+  std::vector<float> q(static_cast<size_t>(tokens) * f.heads * f.hd), out(q.size(), NAN);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> n01;
+  for (auto& x : q) x = n01(rng);
+  pk::AttentionParams p = f.params(out.data(), q.data(), tokens);
+  p.cu_seqlens_q = cu.data();
+  pk::paged_attention_prefill(p);
+  for (int s = 0; s < 2; ++s) {
+    const int q_len = cu[s + 1] - cu[s];
+    for (int i = 0; i < q_len; ++i)
+      for (int h = 0; h < f.heads; ++h) {
+        const size_t row = (static_cast<size_t>(cu[s] + i) * f.heads + h) * f.hd;
+        const auto ref = f.reference(q.data() + row, s, h, f.lens[s] - q_len + i + 1);
+        for (int d = 0; d < f.hd; ++d) ASSERT_NEAR(out[row + d], ref[d], 1e-5);
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(GenericAndBest, KernelEngines, ::testing::Values(true, false));
+
+TEST(KernelValidation, BadBlockIdThrowsBeforeWriting) {
+  Fixture f({5});
+  f.tables[1] = f.num_blocks;  // second block of the only sequence: outside the pool
+  std::vector<float> q(static_cast<size_t>(f.heads) * f.hd, 1.0f), out(q.size(), 3.0f);
+  try {
+    pk::paged_attention_decode(f.params(out.data(), q.data(), 1));
+    FAIL() << "expected an error";
+  } catch (const pagedllm::Error& e) {
+    EXPECT_EQ(e.kind(), pagedllm::ErrorKind::kOutOfRange);
+  }
+  for (float x : out) ASSERT_EQ(x, 3.0f);
+}
+
+TEST(KernelThreadPool, EveryIndexOnceAndErrorsRethrown) {
+  std::vector<std::atomic<int>> hits(1000);
+  pk::parallel_for(1000, [&](int64_t i, int) { hits[i].fetch_add(1); });
+  for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+  EXPECT_THROW(pk::parallel_for(50, [](int64_t i, int) {
+                 if (i == 17) throw std::runtime_error("boom");
+               }),
+               std::runtime_error);
+  std::atomic<int> inner{0};
+  pk::parallel_for(4, [&](int64_t, int) { pk::parallel_for(3, [&](int64_t, int) { ++inner; }); });
+  EXPECT_EQ(inner.load(), 12);
+  EXPECT_THROW(pk::set_num_threads(0), pagedllm::Error);
+}

@@ -1,0 +1,205 @@
+#include "kernel_args.h"
+
+#include <limits>
+
+#include "pagedllm/error.h"
+#include "pagedllm/kernels/kernels.h"
+
+namespace k = pagedllm::kernels;
+
+namespace pagedllm::python {
+
+int32_t to_i32(int64_t v, const char* what) {
+  PAGEDLLM_CHECK_ARG(v >= 0 && v <= std::numeric_limits<int32_t>::max(),
+                     what << " = " << v << " does not fit in int32");
+  return static_cast<int32_t>(v);
+}
+
+k::ScalarType activation_type(const Tensor& t) {
+  switch (t.dtype()) {
+    case DType::kFloat32: return k::ScalarType::kFloat32;
+    case DType::kFloat16: return k::ScalarType::kFloat16;
+    case DType::kBFloat16: return k::ScalarType::kBFloat16;
+    default:
+      PAGEDLLM_CHECK_ARG(false, t.name() << " must be float32, float16 or bfloat16, got "
+                                         << t.describe());
+  }
+  return k::ScalarType::kFloat32;
+}
+
+namespace {
+
+// The storage type of a cache tensor under kv_cache_dtype.
+k::CacheType cache_type(const Tensor& t, const std::string& kv_cache_dtype) {
+  k::CacheType want;
+  const bool explicit_type = k::parse_kv_cache_dtype(kv_cache_dtype, &want);
+  const DType d = t.dtype();
+  if (!explicit_type) {
+    PAGEDLLM_CHECK_ARG(d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16,
+                       t.name() << " must be float32, float16 or bfloat16 with kv_cache_dtype "
+                                   "'auto' (fp8 caches need kv_cache_dtype 'fp8' or "
+                                   "'fp8_e5m2'), got "
+                                << t.describe());
+    return d == DType::kFloat32 ? k::CacheType::kFloat32
+           : d == DType::kFloat16 ? k::CacheType::kFloat16
+                                  : k::CacheType::kBFloat16;
+  }
+  bool ok = false;
+  const char* expected = "";
+  switch (want) {
+    case k::CacheType::kFloat32: ok = d == DType::kFloat32; expected = "float32"; break;
+    case k::CacheType::kFloat16: ok = d == DType::kFloat16; expected = "float16"; break;
+    case k::CacheType::kBFloat16: ok = d == DType::kBFloat16; expected = "bfloat16"; break;
+    case k::CacheType::kFp8E4M3:
+      ok = d == DType::kUInt8 || d == DType::kFloat8E4M3FN;
+      expected = "uint8 (or float8_e4m3fn)";
+      break;
+    case k::CacheType::kFp8E5M2:
+      ok = d == DType::kUInt8 || d == DType::kFloat8E5M2;
+      expected = "uint8 (or float8_e5m2)";
+      break;
+  }
+  PAGEDLLM_CHECK_ARG(ok, t.name() << " must be " << expected << " for kv_cache_dtype '"
+                                  << kv_cache_dtype << "', got " << t.describe());
+  return want;
+}
+
+}  // namespace
+
+// One layer's caches: [num_blocks, num_kv_heads, block_size, head_dim], inner dims contiguous.
+k::KVCacheParams cache_params(const Tensor& kc, const Tensor& vc, const std::string& kv_cache_dtype,
+                              double k_scale, double v_scale) {
+  kc.require_cpu();
+  vc.require_cpu();
+  kc.require_ndim(4);
+  vc.require_ndim(4);
+  for (int i = 0; i < 4; ++i) {
+    PAGEDLLM_CHECK_ARG(kc.size(i) == vc.size(i), "key_cache " << kc.describe()
+                                                              << " and value_cache "
+                                                              << vc.describe()
+                                                              << " must have the same shape");
+  }
+  PAGEDLLM_CHECK_ARG(kc.dtype() == vc.dtype(), "key_cache is " << dtype_name(kc.dtype())
+                                                               << " but value_cache is "
+                                                               << dtype_name(vc.dtype()));
+  kc.require_inner_contiguous(1);
+  vc.require_inner_contiguous(1);
+  k::KVCacheParams c;
+  c.dtype = cache_type(kc, kv_cache_dtype);
+  c.key_cache = kc.data();
+  c.value_cache = vc.data();
+  c.key_block_stride = kc.stride(0);
+  c.value_block_stride = vc.stride(0);
+  c.num_blocks = to_i32(kc.size(0), "num_blocks");
+  c.num_kv_heads = to_i32(kc.size(1), "num_kv_heads");
+  c.block_size = to_i32(kc.size(2), "block_size");
+  c.head_dim = to_i32(kc.size(3), "head_dim");
+  c.k_scale = static_cast<float>(k_scale);
+  c.v_scale = static_cast<float>(v_scale);
+  return c;
+}
+
+// A [num_tokens, num_heads, head_dim] activation with a contiguous last dim.
+void check_activation(const Tensor& t, int64_t heads, int64_t head_dim) {
+  t.require_cpu();
+  t.require_ndim(3);
+  PAGEDLLM_CHECK_ARG(t.size(2) == head_dim, t.name() << " has head_dim " << t.size(2)
+                                                     << " but the cache has " << head_dim);
+  if (heads >= 0) {
+    PAGEDLLM_CHECK_ARG(t.size(1) == heads, t.name() << " has " << t.size(1)
+                                                    << " heads, expected " << heads);
+  }
+  PAGEDLLM_CHECK_ARG(t.size(2) == 1 || t.stride(2) == 1,
+                     t.name() << " must be contiguous in its last dim (stride " << t.stride(2)
+                              << ")");
+}
+
+// A 1-D contiguous int32 array of `n` elements (n < 0: any length).
+void check_index_1d(const Tensor& t, int64_t n) {
+  t.require_cpu();
+  t.require_ndim(1);
+  PAGEDLLM_CHECK_ARG(t.dtype() == DType::kInt32, t.name() << " must be int32, got "
+                                                          << t.describe());
+  if (n >= 0) {
+    PAGEDLLM_CHECK_ARG(t.size(0) == n, t.name() << " has " << t.size(0) << " elements, expected "
+                                                << n);
+  }
+  t.require_inner_contiguous(0);
+}
+
+// Fills the shared part of decode / prefill params.
+k::AttentionParams attention_params(const Tensor& out, const Tensor& q, const Tensor& kc,
+                                    const Tensor& vc, const Tensor& tables, const Tensor& lens,
+                                    double scale, const std::string& kv_cache_dtype,
+                                    double k_scale, double v_scale) {
+  k::AttentionParams p;
+  p.cache = cache_params(kc, vc, kv_cache_dtype, k_scale, v_scale);
+  check_activation(q, -1, p.cache.head_dim);
+  check_activation(out, q.size(1), p.cache.head_dim);
+  out.require_writable();
+  PAGEDLLM_CHECK_ARG(out.size(0) == q.size(0), "out has " << out.size(0) << " tokens but query has "
+                                                          << q.size(0));
+  p.dtype = activation_type(q);
+  PAGEDLLM_CHECK_ARG(out.dtype() == q.dtype(), "out is " << dtype_name(out.dtype())
+                                                         << " but query is "
+                                                         << dtype_name(q.dtype()));
+  p.query = q.data();
+  p.query_token_stride = q.stride(0);
+  p.query_head_stride = q.stride(1);
+  p.out = out.data();
+  p.out_token_stride = out.stride(0);
+  p.out_head_stride = out.stride(1);
+  p.num_tokens = to_i32(q.size(0), "num_tokens");
+  p.num_heads = to_i32(q.size(1), "num_heads");
+
+  tables.require_cpu();
+  tables.require_ndim(2);
+  PAGEDLLM_CHECK_ARG(tables.dtype() == DType::kInt32, "block_tables must be int32, got "
+                                                          << tables.describe());
+  tables.require_inner_contiguous(1);
+  p.num_seqs = to_i32(tables.size(0), "num_seqs");
+  check_index_1d(lens, p.num_seqs);
+  p.block_tables = static_cast<const int32_t*>(tables.data());
+  p.block_table_stride = tables.stride(0);
+  p.max_blocks_per_seq = to_i32(tables.size(1), "max_blocks_per_seq");
+  p.context_lens = static_cast<const int32_t*>(lens.data());
+  p.scale = static_cast<float>(scale);
+  return p;
+}
+
+// [k, 2] int32 or int64 (src, dst) pairs as int64.
+std::vector<int64_t> block_pairs(const Tensor& t) {
+  t.require_cpu();
+  t.require_ndim(2);
+  PAGEDLLM_CHECK_ARG(t.size(1) == 2, "block_mapping must be [num_pairs, 2], got " << t.describe());
+  PAGEDLLM_CHECK_ARG(t.dtype() == DType::kInt32 || t.dtype() == DType::kInt64,
+                     "block_mapping must be int32 or int64, got " << t.describe());
+  to_i32(t.size(0), "num_pairs");
+  std::vector<int64_t> pairs(static_cast<size_t>(t.size(0) * 2));
+  for (int64_t i = 0; i < t.size(0); ++i) {
+    for (int j = 0; j < 2; ++j) {
+      const int64_t off = i * t.stride(0) + j * t.stride(1);
+      pairs[2 * i + j] = t.dtype() == DType::kInt32 ? static_cast<const int32_t*>(t.data())[off]
+                                                    : static_cast<const int64_t*>(t.data())[off];
+    }
+  }
+  return pairs;
+}
+
+// A cache tensor whose first dim is blocks and whose other dims are contiguous.
+k::BlockPoolParams block_pool(const Tensor& t) {
+  t.require_cpu();
+  t.require_writable();
+  PAGEDLLM_CHECK_ARG(t.ndim() >= 1, t.name() << " must have a block dimension");
+  PAGEDLLM_CHECK_ARG(t.dtype() != DType::kOther, t.name() << " has an unsupported dtype");
+  t.require_inner_contiguous(1);
+  k::BlockPoolParams b;
+  b.data = t.data();
+  b.num_blocks = to_i32(t.size(0), "num_blocks");
+  b.block_stride_bytes = t.stride(0) * t.itemsize();
+  b.block_bytes = t.itemsize();
+  for (int i = 1; i < t.ndim(); ++i) b.block_bytes *= t.size(i);
+  return b;
+}
+
+}  // namespace pagedllm::python

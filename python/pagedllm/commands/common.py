@@ -1,0 +1,185 @@
+"""What the commands share: CLI errors, engine options (flags and --config YAML), sizes."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any, Dict, Optional
+
+from pagedllm.config import KV_CACHE_DTYPES, EngineConfig
+
+
+class CliError(Exception):
+    """An error shown as one line, ``pagedllm: error: <message>``.
+
+    Args:
+        message: what is wrong and, in parentheses, what to do.
+        exit_code: 2 for a usage error (bad flag, bad config), 1 for a failure while running.
+    """
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class UsageError(CliError):
+    """A bad flag, argument or config file (exit code 2)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, 2)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "ki": 2**10,
+          "m": 10**6, "mb": 10**6, "mib": 2**20, "mi": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "gi": 2**30,
+          "t": 10**12, "tb": 10**12, "tib": 2**40, "ti": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '2GiB', '512MiB', '1.5GB' or a plain integer (argparse type)."""
+    m = _SIZE.match(text)
+    unit = (m.group(2) or "").lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r} (expected bytes, or a number with a unit such as 512MiB, 2GiB)")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (must be > 0)")
+    return value
+
+
+def format_bytes(n: float) -> str:
+    """'2.0 GiB' style."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+# flag dest -> EngineConfig field (the flag is --dest with dashes)
+_ENGINE_FLAGS: Dict[str, str] = {
+    "model": "model", "block_size": "block_size", "kv_cache_dtype": "kv_cache_dtype",
+    "kv_cache_memory": "kv_cache_memory_bytes", "num_kv_blocks": "num_kv_blocks",
+    "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_model_len": "max_model_len", "enable_prefix_caching": "enable_prefix_caching",
+    "watermark": "watermark", "seed": "seed", "num_threads": "num_threads",
+}
+# EngineConfig field -> the flag that sets it (for hints in error messages)
+FLAG_OF_FIELD = {field: "--" + dest.replace("_", "-") for dest, field in _ENGINE_FLAGS.items()}
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The engine's options; each overrides the same option of --config."""
+    g = parser.add_argument_group("engine (each flag overrides --config)")
+    g.add_argument("--model", metavar="DIR",
+                   help="Hugging Face Llama checkpoint directory (default: the bundled model)")
+    g.add_argument("--config", metavar="FILE.yaml",
+                   help="engine options as YAML (sections model, kv_cache, scheduler, runtime; "
+                        "see docs/USAGE.md)")
+    g.add_argument("--block-size", type=positive_int, metavar="N", help="tokens per KV block (16)")
+    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="KV storage dtype (auto)")
+    g.add_argument("--kv-cache-memory", type=parse_size, metavar="SIZE",
+                   help="KV pool budget, e.g. 512MiB (2GiB)")
+    g.add_argument("--num-kv-blocks", type=positive_int, metavar="N",
+                   help="exact KV pool size in blocks (overrides --kv-cache-memory)")
+    g.add_argument("--max-num-seqs", type=positive_int, metavar="N", help="sequences per step (256)")
+    g.add_argument("--max-num-batched-tokens", type=positive_int, metavar="N",
+                   help="tokens per step (max(2048, max-num-seqs))")
+    g.add_argument("--max-model-len", type=positive_int, metavar="N",
+                   help="longest prompt + output (the model's limit, capped by the pool)")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse cached KV blocks of shared prompt prefixes (on)")
+    g.add_argument("--watermark", type=float, metavar="F",
+                   help="fraction of blocks kept free when admitting requests (0.01)")
+    g.add_argument("--seed", type=int, metavar="N", help="seed of the engine's sampler (0)")
+    g.add_argument("--num-threads", type=positive_int, metavar="N",
+                   help="CPU threads (all available cores)")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The EngineConfig of --config (if given) with the flags applied over it.
+
+    Raises:
+        UsageError: unreadable YAML, an unknown key or an invalid value (named).
+    """
+    overrides: Dict[str, Any] = {field: getattr(args, dest, None)
+                                 for dest, field in _ENGINE_FLAGS.items()}
+    try:
+        if args.config:
+            return EngineConfig.from_yaml(args.config, **overrides)
+        return EngineConfig(**{k: v for k, v in overrides.items() if v is not None})
+    except FileNotFoundError:
+        raise UsageError(f"config file {args.config!r} not found (check the --config path)") from None
+    except OSError as e:
+        raise UsageError(f"cannot read config file {args.config!r}: {e.strerror}") from None
+    except ValueError as e:
+        flags = flag_hint(str(e))
+        fix = " or ".join(filter(None, [flags, "the --config file" if args.config else None]))
+        raise UsageError(f"{e} (fix {fix or 'the options'})") from None
+    except Exception as e:  # yaml.YAMLError: the file is not YAML
+        if type(e).__module__.startswith("yaml"):
+            raise UsageError(f"{args.config}: not valid YAML ({_one_line(str(e))})") from None
+        raise
+
+
+def build_engine(config: EngineConfig):
+    """An LLMEngine for `config` (imports torch and the model only now).
+
+    Raises:
+        CliError: no --model was given and the bundled default model is not available.
+    """
+    if config.model is None:
+        config = config.replace(model=bundled_model_path())
+    from pagedllm.engine.llm_engine import LLMEngine
+
+    return LLMEngine(config)
+
+
+def bundled_model_path() -> str:
+    """The bundled default model's directory.
+
+    Raises:
+        CliError: it is not part of this build, or its files are missing.
+    """
+    try:
+        from pagedllm.default_model import default_model_path
+    except ImportError:
+        raise CliError("the bundled default model is not part of this build "
+                       "(give a checkpoint directory with --model DIR)") from None
+    try:
+        return default_model_path()
+    except (RuntimeError, OSError) as e:
+        raise CliError(f"{_one_line(str(e))} (or give a checkpoint directory with --model DIR)") from None
+
+
+def request_error(e: Exception) -> str:
+    """An engine add_request error without its internal "request <id>: " prefix."""
+    message = str(e)
+    if message.startswith("request ") and ": " in message:
+        return message.split(": ", 1)[1]
+    return message
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def flag_hint(message: str) -> Optional[str]:
+    """The flags that set the config fields a message names, e.g. '--kv-cache-memory'."""
+    message = re.sub(r"\(known: [^)]*\)", "", message)  # lists of valid keys are not advice
+    flags = [flag for field, flag in FLAG_OF_FIELD.items()
+             if field != "model" and re.search(rf"\b{field}\b", message)]
+    return ", ".join(dict.fromkeys(flags)) or None

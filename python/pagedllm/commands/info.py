@@ -1,0 +1,112 @@
+"""Print what this build of pagedllm is and what it finds on this machine.
+
+Version, compiler, CPU features found, CPU kernels compiled in and the one in use, CUDA (compiled in or not,
+runtime and driver versions, GPUs), torch and its threads, the bundled default model. With
+--config, also validates the file and prints the resolved engine options (no model is loaded).
+
+examples:
+  pagedllm info
+  pagedllm info --json
+  pagedllm info --config engine.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+from typing import Any, Dict
+
+from pagedllm._version import __version__
+from pagedllm.commands.common import engine_config
+
+NAME = "info"
+HELP = "print the build (CUDA, CPU features, version) and the devices found"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--config", metavar="FILE.yaml", help="validate this engine config and show it")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _default_model() -> str:
+    try:
+        from pagedllm.default_model import default_model_path
+    except ImportError:
+        return "not included in this build"
+    try:
+        return default_model_path()
+    except Exception as e:  # a broken install: say so, info must still print
+        return f"unavailable ({' '.join(str(e).split())})"
+
+
+def collect() -> Dict[str, Any]:
+    """Everything `info` prints, as a dict."""
+    from pagedllm import _core
+
+    build = dict(_core.build_info())
+    if hasattr(_core, "cpu_kernel"):
+        build["cpu_kernel_in_use"] = _core.cpu_kernel()
+    facts: Dict[str, Any] = {"version": __version__, "python": platform.python_version(),
+                             "platform": platform.platform(), "build": build,
+                             "cpu": {"model": _cpu_model(), "cores": len(os.sched_getaffinity(0))}}
+    try:
+        import torch
+
+        facts["torch"] = {"version": torch.__version__, "threads": torch.get_num_threads(),
+                          "cuda_available": bool(torch.cuda.is_available())}
+    except ImportError:
+        facts["torch"] = None
+    facts["default_model"] = _default_model()
+    return facts
+
+
+def format_facts(f: Dict[str, Any]) -> str:
+    """The facts as indented text."""
+    b = f["build"]
+    lines = [f"pagedllm {f['version']} (python {f['python']}, {f['platform']})",
+             f"  compiler        {b.get('compiler', '?')}",
+             f"  CPU             {f['cpu']['model']}, {f['cpu']['cores']} cores available",
+             f"  CPU features    {' '.join(b.get('cpu_features', [])) or 'none detected'}",
+             f"  CPU kernels     {', '.join(b.get('cpu_kernels_compiled', [])) or 'none'} "
+             f"compiled, {b.get('cpu_kernel_in_use', '?')} in use"]
+    if b.get("cuda_compiled"):
+        gpus = b.get("gpu_names", [])
+        lines.append(f"  CUDA            compiled in (runtime {b.get('cuda_runtime_version') or '?'}, "
+                     f"driver {b.get('cuda_driver_version') or 'none'})")
+        lines.append(f"  GPUs            {len(gpus)}" + (": " + ", ".join(gpus) if gpus else ""))
+    else:
+        lines.append("  CUDA            not compiled in (CPU only)")
+    t = f.get("torch")
+    lines.append(f"  torch           {t['version']}, {t['threads']} threads" if t else
+                 "  torch           not installed")
+    lines.append(f"  default model   {f['default_model']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    facts = collect()
+    if args.config:
+        facts["engine_config"] = dataclasses.asdict(engine_config(args))
+    if args.json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    print(format_facts(facts))
+    if args.config:
+        print(f"engine config ({args.config}):")
+        for key, value in facts["engine_config"].items():
+            print(f"  {key:<24}{value}")
+    return 0

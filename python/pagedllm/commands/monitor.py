@@ -1,0 +1,186 @@
+"""Watch a running server's live figures, read from its /metrics.
+
+Refreshes in place every --interval seconds (Ctrl-C stops); --once prints one snapshot. Rates
+(tokens/s) need two snapshots and show as "-" on the first. A server that cannot be reached at
+the first scrape is an error; later, the screen says so and the monitor keeps trying.
+
+metrics (--metric, repeatable or comma-separated; default: all):
+  cache_usage     KV-cache usage (used blocks / pool), with a bar
+  running         requests running          waiting      requests waiting
+  preemptions     preemptions so far        prefix_hits  prefix-cache hit rate (prompt tokens)
+  gen_throughput  generated tokens/s        prompt_throughput  prompt tokens/s
+  ttft            mean time to first token  itl          mean inter-token latency
+  e2e             mean request latency      requests     requests finished, by reason
+  or any metric name of /metrics (with or without the 'pagedllm:' prefix)
+
+examples:
+  pagedllm monitor --metric=cache_usage
+  pagedllm monitor --url http://10.0.0.5:8000 --metric running,waiting,gen_throughput --interval 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Callable, Dict, List, Optional, Tuple
+
+from pagedllm.commands.common import CliError, UsageError
+
+NAME = "monitor"
+HELP = "show a running server's live metrics"
+P = "pagedllm:"
+
+Samples = Dict[str, float]  # "name{label=value,...}" or "name" -> value, summed over labels
+Snapshot = Tuple[float, Samples]  # (time, samples)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8000",
+                   help="the server's base URL (http://127.0.0.1:8000)")
+    p.add_argument("--metric", action="append", default=[], metavar="NAME",
+                   help="what to show (repeatable, comma-separated; default: all)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes (1)")
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--count", type=int, default=0, metavar="N", help="stop after N refreshes (0: never)")
+
+
+def fetch(url: str, timeout: float = 5.0) -> Samples:
+    """Scrapes <url>/metrics; samples are summed over label sets, and also kept per label set."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    target = url.rstrip("/") + "/metrics"
+    try:
+        with urllib.request.urlopen(target, timeout=timeout) as resp:
+            text = resp.read().decode("utf-8")
+    except urllib.error.HTTPError as e:
+        raise CliError(f"{target} answered HTTP {e.code} (is --url a pagedllm server?)") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise CliError(f"cannot reach {target}: {reason} (is `pagedllm serve` running there? "
+                       "check --url)") from None
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[s.name] = samples.get(s.name, 0.0) + s.value
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model_name")
+            if labels:
+                key = f"{s.name}{{{labels}}}"
+                samples[key] = samples.get(key, 0.0) + s.value
+    return samples
+
+
+def _rate(name: str) -> Callable:
+    def f(cur: Snapshot, prev: Optional[Snapshot]) -> str:
+        if prev is None or cur[0] <= prev[0]:
+            return "-"
+        return f"{(cur[1].get(name, 0.0) - prev[1].get(name, 0.0)) / (cur[0] - prev[0]):.1f}/s"
+    return f
+
+
+def _mean(name: str, unit_ms: bool = True) -> Callable:
+    def f(cur: Snapshot, prev: Optional[Snapshot]) -> str:
+        n = cur[1].get(name + "_count", 0.0)
+        if not n:
+            return "-"
+        mean = cur[1].get(name + "_sum", 0.0) / n
+        return f"{mean * 1000:.1f} ms" if unit_ms else f"{mean:.3f} s"
+    return f
+
+
+def _usage(cur: Snapshot, prev: Optional[Snapshot]) -> str:
+    frac = cur[1].get(P + "kv_cache_usage_perc", 0.0)
+    used, total = cur[1].get(P + "kv_cache_used_blocks", 0.0), cur[1].get(P + "kv_cache_num_blocks", 0.0)
+    width = 30
+    filled = min(width, int(round(frac * width)))
+    return f"[{'#' * filled}{'.' * (width - filled)}] {100 * frac:5.1f}%  ({used:.0f}/{total:.0f} blocks)"
+
+
+def _plain(name: str) -> Callable:
+    return lambda cur, prev: f"{cur[1].get(name, 0.0):.0f}"
+
+
+def _hits(cur: Snapshot, prev: Optional[Snapshot]) -> str:
+    q = cur[1].get(P + "prefix_cache_queries_total", 0.0)
+    h = cur[1].get(P + "prefix_cache_hits_total", 0.0)
+    return f"{100 * h / q:.1f}% ({h:.0f}/{q:.0f} tokens)" if q else "-"
+
+
+def _requests(cur: Snapshot, prev: Optional[Snapshot]) -> str:
+    prefix = P + "request_success_total{"
+    parts = [f"{k[len(prefix):].split('=', 1)[1].rstrip('}')} {v:.0f}"
+             for k, v in sorted(cur[1].items()) if k.startswith(prefix)]
+    return ", ".join(parts) or "0"
+
+
+VIEWS: Dict[str, Tuple[str, Callable]] = {
+    "cache_usage": ("KV cache usage", _usage),
+    "running": ("requests running", _plain(P + "num_requests_running")),
+    "waiting": ("requests waiting", _plain(P + "num_requests_waiting")),
+    "preemptions": ("preemptions", _plain(P + "num_preemptions_total")),
+    "prefix_hits": ("prefix cache hits", _hits),
+    "gen_throughput": ("generation", _rate(P + "generation_tokens_total")),
+    "prompt_throughput": ("prompt", _rate(P + "prompt_tokens_total")),
+    "ttft": ("mean TTFT", _mean(P + "time_to_first_token_seconds")),
+    "itl": ("mean inter-token", _mean(P + "inter_token_latency_seconds")),
+    "e2e": ("mean latency", _mean(P + "e2e_request_latency_seconds", unit_ms=False)),
+    "requests": ("requests finished", _requests),
+}
+
+
+def resolve_metrics(names: List[str]) -> List[Tuple[str, Callable]]:
+    """The (label, formatter) of each requested metric, in order (default: all views)."""
+    wanted = [n.strip() for arg in names for n in arg.split(",") if n.strip()] or list(VIEWS)
+    views = []
+    for name in wanted:
+        if name in VIEWS:
+            views.append(VIEWS[name])
+            continue
+        raw = name if name.startswith(P) else P + name
+
+        def raw_view(cur, prev, raw=raw, name=name):
+            if raw not in cur[1]:
+                raise CliError(f"the server has no metric {name!r} (known views: "
+                               f"{', '.join(VIEWS)}; or a name listed by /metrics)")
+            return f"{cur[1][raw]:g}"
+        views.append((name, raw_view))
+    return views
+
+
+def render(url: str, views, cur: Snapshot, prev: Optional[Snapshot]) -> List[str]:
+    """The lines of one screen."""
+    width = max(len(label) for label, _ in views)
+    lines = [f"pagedllm monitor: {url}  ({time.strftime('%H:%M:%S')})"]
+    lines += [f"  {label:<{width}}  {fmt(cur, prev)}" for label, fmt in views]
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.interval > 0:
+        raise UsageError(f"--interval must be > 0, got {args.interval}")
+    views = resolve_metrics(args.metric)
+    tty = sys.stdout.isatty()
+    prev: Optional[Snapshot] = None
+    drawn = 0
+    refreshes = 0
+    while True:
+        try:
+            cur = (time.monotonic(), fetch(args.url))
+            lines = render(args.url, views, cur, prev)
+        except CliError as e:
+            if prev is None:
+                raise
+            cur, lines = None, [f"pagedllm monitor: {args.url}  ({time.strftime('%H:%M:%S')})",
+                                f"  unreachable: {e}"]
+        if tty and drawn:
+            sys.stdout.write(f"\x1b[{drawn}F\x1b[J")  # back to the first line, clear below
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+        drawn = len(lines)
+        refreshes += 1
+        if args.once or (args.count and refreshes >= args.count):
+            return 0
+        prev = cur or prev
+        time.sleep(args.interval)

@@ -1,0 +1,98 @@
+"""Errors in OpenAI's JSON shape, and the handlers that turn every failure into one.
+
+Every non-2xx answer of the server has the body OpenAI's API uses, which its clients parse::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens",
+               "code": null}}
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("pagedllm.server")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+          503: "service_unavailable_error"}
+
+
+class OpenAIError(Exception):
+    """A failure to report to the client.
+
+    Args:
+        status: the HTTP status (4xx for the client's mistakes, 5xx for ours).
+        message: what is wrong and, where it helps, what to do.
+        param: the request field at fault, if one is.
+        code: a machine-readable code (OpenAI's, e.g. "invalid_api_key"), if any.
+        type: overrides the type derived from the status.
+    """
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 code: Optional[str] = None, type: Optional[str] = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPES.get(status, "server_error" if status >= 500 else
+                                       "invalid_request_error")
+
+    def body(self) -> Dict[str, Any]:
+        """The JSON body."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        """A JSONResponse carrying this error."""
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def bad_request(message: str, param: Optional[str] = None) -> OpenAIError:
+    """A 400 invalid_request_error."""
+    return OpenAIError(400, message, param)
+
+
+def validation_error(exc: RequestValidationError) -> OpenAIError:
+    """A 400 naming the first invalid field of a request body."""
+    errors = exc.errors()
+    if not errors:
+        return bad_request("invalid request body")
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return bad_request(f"the body is not valid JSON ({first.get('msg', '')})")
+    msg = first.get("msg", "invalid value")
+    where = f"{param}: " if param else ""
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return bad_request(f"{where}{msg}{more}", param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Makes every error the app raises answer in OpenAI's shape."""
+
+    @app.exception_handler(OpenAIError)
+    async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else "request failed"
+        return OpenAIError(exc.status_code, detail).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error while serving a request")
+        return OpenAIError(500, f"internal server error: {type(exc).__name__}").response()

@@ -1,0 +1,166 @@
+"""Running a request's prompts on the engine: sampling parameters, submission, merging the
+output streams, and aborting everything when the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, List, Optional, Tuple
+
+from fastapi import Request
+
+from pagedllm.engine.async_engine import EngineDeadError, RequestStream
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import SamplingParams
+from pagedllm.server.errors import OpenAIError, bad_request
+from pagedllm.server.protocol import _SamplingRequest
+from pagedllm.server.state import ServerState
+
+
+@dataclass
+class Prompt:
+    """One prompt, tokenized by the server."""
+
+    text: Optional[str]
+    token_ids: List[int]
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before the answer was ready."""
+
+
+def sampling_params(state: ServerState, req: _SamplingRequest, max_tokens: int,
+                    stops: List[str], logprobs: Optional[int] = None,
+                    best_of: Optional[int] = None) -> SamplingParams:
+    """The engine's SamplingParams for a request (400 naming the field on a bad value).
+
+    temperature, top_p, top_k, min_p and repetition_penalty that the request does not set
+    come from the checkpoint's generation_config.json when it has them, else from the
+    request model's defaults (OpenAI's).
+    """
+    knobs = {k: (getattr(req, k) if k in req.model_fields_set
+                 else state.sampling_defaults.get(k, getattr(req, k)))
+             for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
+    try:
+        return SamplingParams(
+            n=req.n, best_of=best_of, seed=req.seed, max_tokens=max_tokens,
+            min_tokens=req.min_tokens, stop=stops, stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty, logprobs=logprobs,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens, **knobs)
+    except ValueError as e:
+        message = str(e).replace("SamplingParams.", "")
+        raise bad_request(message, message.split(" ", 1)[0]) from None
+
+
+async def submit(state: ServerState, base_id: str, prompts: List[Prompt],
+                 params: SamplingParams, arrival_time: float) -> List[RequestStream]:
+    """Adds one engine request per prompt (ids base_id-0, base_id-1, ...).
+
+    Raises:
+        OpenAIError: 400 when the engine rejects a prompt (those already added are aborted),
+            503 when the engine is not running.
+    """
+    streams: List[RequestStream] = []
+    try:
+        for p in prompts:
+            prompt = {"prompt_token_ids": p.token_ids}
+            if p.text is not None:
+                prompt["prompt"] = p.text
+            streams.append(await state.engine.add_request(f"{base_id}-{len(streams)}", prompt,
+                                                          params, arrival_time=arrival_time))
+    except ValueError as e:
+        abort_all(state, streams)
+        where = f"prompt {len(streams)}: " if len(prompts) > 1 else ""
+        raise bad_request(where + _strip_request_id(str(e)), "prompt") from None
+    except EngineDeadError as e:
+        abort_all(state, streams)
+        raise OpenAIError(503, f"the engine is not running ({e})") from None
+    except BaseException:
+        abort_all(state, streams)
+        raise
+    return streams
+
+
+def abort_all(state: ServerState, streams: List[RequestStream]) -> None:
+    """Aborts every stream's request that has not finished."""
+    for s in streams:
+        if not s.finished:
+            state.engine.abort(s.request_id)
+
+
+async def merge(streams: List[RequestStream]) -> AsyncIterator[Tuple[int, RequestOutput]]:
+    """Yields (stream index, output) from all streams as outputs arrive.
+
+    Raises:
+        OpenAIError: 503 if the engine died or shut down before a stream finished.
+    """
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((i, out))
+            queue.put_nowait((i, None))
+        except EngineDeadError as e:
+            queue.put_nowait((i, e))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+                if streams[i].aborted:
+                    raise OpenAIError(503, "the request was aborted: the server is shutting down")
+            elif isinstance(item, EngineDeadError):
+                raise OpenAIError(503, str(item))
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def collect(state: ServerState, raw: Request, streams: List[RequestStream]) -> List[RequestOutput]:
+    """The final output of every stream, aborting them all if the client disconnects first."""
+    finals: List[Optional[RequestOutput]] = [None] * len(streams)
+
+    async def gather() -> None:
+        async for i, out in merge(streams):
+            finals[i] = out
+
+    work = asyncio.ensure_future(gather())
+    watch = asyncio.ensure_future(_disconnected(raw))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise ClientDisconnected()
+        work.result()  # re-raises what gather raised
+        return finals  # type: ignore[return-value]  # every stream finished
+    finally:
+        watch.cancel()
+        work.cancel()
+        abort_all(state, streams)
+
+
+async def _disconnected(raw: Request) -> None:
+    while True:
+        message = await raw.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _strip_request_id(message: str) -> str:
+    # The engine prefixes "request <id>: "; the id is internal.
+    if message.startswith("request ") and ": " in message:
+        return message.split(": ", 1)[1]
+    return message
+
+
+def now() -> float:
+    """The engine's clock (time.monotonic), for arrival times."""
+    return time.monotonic()
