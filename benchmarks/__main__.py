@@ -7,9 +7,9 @@
     python -m benchmarks --docs-only          # re-render the page from the JSON files
 
 (With a dev build instead of an installed wheel: PYTHONPATH=python python -m benchmarks.)
-Sections: throughput, memory, sharing, block_size, profile (this package), and the kernel,
-KV-dtype and allocator benchmarks (bench_attention.py, bench_kv_dtypes.py, bench_allocator.py,
-run as scripts). Results go to benchmarks/results/*.json and *.png; run.json records the
+Sections: throughput, memory, sharing, block_size, profile (this package), and the allocator,
+kernel, KV-dtype and model-step benchmarks of the other issues (bench_allocator.py,
+bench_attention.py, bench_kv_dtypes.py, bench_model_step.py, run as scripts). Results go to benchmarks/results/*.json and *.png; run.json records the
 command, the machine and each section's wall time.
 """
 
@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DOC = ROOT / "docs" / "BENCHMARKS.md"
 OWN = ("throughput", "memory", "sharing", "block_size", "profile")
-SCRIPTS = ("allocator", "attention", "kv_dtypes")
+SCRIPTS = ("allocator", "attention", "kv_dtypes", "model_step")
 SECTIONS = OWN + SCRIPTS
 
 
@@ -42,18 +42,33 @@ def _script_env() -> dict:
     return env
 
 
+def _script_runs(name: str, quick: bool, out_dir: Path) -> list:
+    """The command lines (script + arguments) that make up one script section."""
+    att = str(HERE / "bench_attention.py")
+    if name == "allocator":
+        return [[str(HERE / "bench_allocator.py")] + (["--pairs", "200000"] if quick else [])]
+    if name == "attention":
+        if quick:
+            return [[att, "--quick", "--rounds", "3", "--out", str(out_dir / "attention.json")]]
+        return [[att, "--headline", "--rounds", "15", "--out", str(out_dir / "attention_headline.json")],
+                [att, "--headline", "--cpu-time", "--rounds", "9",
+                 "--out", str(out_dir / "attention_headline_cputime.json")],
+                [att, "--rounds", "7", "--out", str(out_dir / "attention.json")]]
+    if name == "kv_dtypes":
+        return [[str(HERE / "bench_kv_dtypes.py"), "--out", str(out_dir / "kv_dtypes.json")]
+                + (["--models", "tiny"] if quick else [])]
+    if name == "model_step":
+        return [[str(HERE / "bench_model_step.py"), "--out", str(out_dir / "model_step.json")]
+                + (["--repeats", "3"] if quick else ["--repeats", "9"])]
+    raise ValueError(name)
+
+
 def run_script(name: str, quick: bool, out_dir: Path) -> None:
     """Runs one of the other issues' benchmark scripts, its JSON into out_dir."""
-    args = {
-        "allocator": [str(HERE / "bench_allocator.py")] + (["--pairs", "200000"] if quick else []),
-        "attention": [str(HERE / "bench_attention.py"), "--out", str(out_dir / "attention.json")]
-        + (["--quick", "--rounds", "3"] if quick else []),
-        "kv_dtypes": [str(HERE / "bench_kv_dtypes.py"), "--out", str(out_dir / "kv_dtypes.json")]
-        + (["--models", "tiny"] if quick else []),
-    }[name]
-    print(f"\n=== {name}: {' '.join(['python'] + [Path(a).name if a.endswith('.py') else a for a in args])}",
-          flush=True)
-    subprocess.run([sys.executable] + args, check=True, env=_script_env(), cwd=ROOT)
+    for args in _script_runs(name, quick, out_dir):
+        shown = " ".join(["python"] + [Path(a).name if a.endswith(".py") else a for a in args])
+        print(f"\n=== {name}: {shown}", flush=True)
+        subprocess.run([sys.executable] + args, check=True, env=_script_env(), cwd=ROOT)
 
 
 def run_own(name: str, quick: bool, peers, num_threads=None) -> None:

@@ -33,8 +33,10 @@ BLOCKS: Dict[str, tuple] = {
     "block_size": ("block_size", engine_md.block_size),
     "profile": ("profile", engine_md.profile),
     "allocator": ("allocator", rs.allocator),
+    "attention_headline": ("attention_headline", rs.attention_headline),
     "attention": ("attention", rs.attention),
     "kv_dtypes": ("kv_dtypes", rs.kv_dtypes),
+    "model_step": ("model_step", rs.model_step),
 }
 
 
@@ -75,7 +77,7 @@ def update_doc(doc: Path, out_dir: Path, image_dir: Optional[Path] = None) -> li
         path = image_dir / name
         return os.path.relpath(path, doc.parent) if path.exists() else None
 
-    ctx = rs.Context(run=run, img=img)
+    ctx = rs.Context(run=run, img=img, load=lambda stem: _load(out_dir, stem))
     text = doc.read_text()
     done = []
     for name, (stem, render) in BLOCKS.items():

@@ -12,10 +12,11 @@ NAMES = {"pagedllm": "pagedllm", "vllm-cpu": "vLLM CPU", "llama.cpp": "llama.cpp
 
 @dataclass
 class Context:
-    """What every renderer may need: run.json's record and a PNG-link maker."""
+    """What every renderer may need: run.json's record, a PNG-link maker, a JSON loader."""
 
     run: dict
     img: Callable[[str], Optional[str]]
+    load: Callable[[str], Optional[dict]] = lambda stem: None
 
 
 def table(header: List[str], rows: List[list]) -> str:
@@ -138,9 +139,9 @@ def attention(data: dict, ctx: Context) -> str:
                     if r else ["-", "-", "-"])
         rows.append(row)
     kernel = dec[0]["kernel"] if dec else "?"
-    out = [f"Decode (one query token per sequence), 32 query / 8 KV heads, head_dim 128, block "
+    out = [f"Full grid. Decode (one query token per sequence), 32 query / 8 KV heads, head_dim 128, block "
            f"16, blocks scattered at random; `{kernel}` kernels, {meta.get('threads', '?')} "
-           f"threads, medians of {meta.get('rounds', '?')} rounds. \"% of read bw\" = K/V bytes "
+           f"threads, best of {meta.get('rounds', '?')} rounds (medians in the JSON). \"% of read bw\" = K/V bytes "
            f"read per second over the read bandwidth measured in the same rounds (1 GiB sum); "
            f"\"vs SDPA\" = torch's scaled_dot_product_attention time on the same K/V laid out "
            f"contiguously, over the kernel's (above 1: the paged kernel is faster).", "",
@@ -182,3 +183,43 @@ def kv_dtypes(data: dict, ctx: Context) -> str:
            "", f"_Script: `benchmarks/bench_kv_dtypes.py`; run by `python -m benchmarks` "
                f"(alone: `--only kv_dtypes`); {data.get('date', '?')}._"]
     return "\n".join(out)
+
+
+def _headline_rows(data: dict) -> list:
+    return [[r["storage"], f"{r['batch']} x {r['context']}", f"{r['kernel_ms']:.1f}",
+             f"{r.get('median_kernel_ms', r['kernel_ms']):.1f}", f"{r['kv_gbps']:.2f}",
+             f"{r['read_bw_gbps']:.2f}", pct(r["frac_of_bw"], 0), f"{r['sdpa_ms']:.1f}",
+             ratio(r["speedup_vs_sdpa"])] for r in data.get("decode", [])]
+
+
+def attention_headline(data: dict, ctx: Context) -> str:
+    head = ["storage", "batch x context", "kernel ms (best)", "kernel ms (median)", "K/V GB/s",
+            "read bw GB/s", "% of bw", "SDPA ms", "SDPA / kernel"]
+    meta = data.get("meta", {})
+    out = [f"Headline cases, {meta.get('threads', '?')} threads, best of "
+           f"{meta.get('rounds', '?')} rounds (load average {meta.get('load_avg', [0])[0]:.1f} "
+           f"at the end):", "", table(head, _headline_rows(data))]
+    cpu = ctx.load("attention_headline_cputime")
+    if cpu:
+        m = cpu.get("meta", {})
+        out += ["", f"One thread, timed in thread CPU time (other jobs' time slices excluded), "
+                    f"best of {m.get('rounds', '?')} rounds; \"% of bw\" against the one-thread "
+                    f"read bandwidth:", "", table(head, _headline_rows(cpu))]
+    out += ["", f"_Script: `benchmarks/bench_attention.py --headline` (and `--headline "
+                f"--cpu-time`), run by `python -m benchmarks` (alone: `--only attention`); "
+                f"{meta.get('date', '?')}, torch {meta.get('torch', '?')}._"]
+    return "\n".join(out)
+
+
+STEPS = {"decode16": "decode, 16 sequences x 256 context", "prefill512": "prefill, 512 tokens"}
+
+
+def model_step(data: dict, ctx: Context) -> str:
+    rows = [[r["preset"], STEPS.get(r["step"], r["step"]), f"{r['fp32_ms']:.1f}",
+             f"{r['bf16_ms']:.1f}", f"{r['fp32_over_bf16']:.2f}"] for r in data.get("results", [])]
+    return "\n".join([
+        f"One model step, fp32 against bf16 weights, timed alternately ({data.get('repeats', '?')} "
+        f"repeats, medians, {data.get('torch_threads', '?')} torch thread(s)):", "",
+        table(["preset", "step", "fp32 ms", "bf16 ms", "fp32 / bf16"], rows), "",
+        f"_Script: `benchmarks/bench_model_step.py`, run by `python -m benchmarks` (alone: "
+        f"`--only model_step`); {data.get('date', '?')}._"])
