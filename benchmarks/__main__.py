@@ -53,7 +53,7 @@ def _script_runs(name: str, quick: bool, out_dir: Path) -> list:
         return [[att, "--headline", "--rounds", "15", "--out", str(out_dir / "attention_headline.json")],
                 [att, "--headline", "--cpu-time", "--rounds", "9",
                  "--out", str(out_dir / "attention_headline_cputime.json")],
-                [att, "--rounds", "7", "--out", str(out_dir / "attention.json")]]
+                [att, "--rounds", "5", "--out", str(out_dir / "attention.json")]]
     if name == "kv_dtypes":
         return [[str(HERE / "bench_kv_dtypes.py"), "--out", str(out_dir / "kv_dtypes.json")]
                 + (["--models", "tiny"] if quick else [])]

@@ -46,7 +46,7 @@ class BlockSizeConfig:
 
     model: str = "tiny"
     mixed: dict = field(default_factory=lambda: dict(
-        n=200, prompt_mean=128, prompt_sigma=0.8, output_mean=64, output_sigma=0.8,
+        n=100, prompt_mean=128, prompt_sigma=0.8, output_mean=64, output_sigma=0.8,
         max_prompt=1024, max_output=512))
     block_sizes: Tuple[int, ...] = (8, 16, 32, 64, 128, 256)
     budget_tokens: Optional[int] = 16384

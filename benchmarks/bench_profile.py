@@ -51,7 +51,7 @@ class ProfileConfig:
 
     model: str = "small"
     mixed: dict = field(default_factory=lambda: dict(
-        n=48, prompt_mean=128, prompt_sigma=0.8, output_mean=64, output_sigma=0.8,
+        n=24, prompt_mean=128, prompt_sigma=0.8, output_mean=64, output_sigma=0.8,
         max_prompt=1024, max_output=512))
     uniform: Tuple[int, int, int] = (16, 128, 64)
     num_threads: Optional[int] = None

