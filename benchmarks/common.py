@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# Set by `python -m benchmarks --quick` (and the smoke test) so that trial runs never overwrite
+# the committed results.
+RESULTS_DIR_ENV = "PAGEDLLM_BENCH_RESULTS_DIR"
+# Random-weight checkpoints are written once here ($PAGEDLLM_BENCH_CHECKPOINTS overrides).
+CHECKPOINT_CACHE_ENV = "PAGEDLLM_BENCH_CHECKPOINTS"
+CHECKPOINT_CACHE = Path.home() / ".cache" / "pagedllm" / "bench-checkpoints"
+
+
+def results_dir() -> Path:
+    """Where results go: $PAGEDLLM_BENCH_RESULTS_DIR if set, else benchmarks/results/."""
+    env = os.environ.get(RESULTS_DIR_ENV)
+    return Path(env) if env else RESULTS_DIR
 
 
 def median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 1) -> float:
@@ -50,6 +63,7 @@ def machine_info() -> dict:
         "cpu": cpu,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "python": platform.python_version(),
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     try:
         import pagedllm
@@ -75,8 +89,37 @@ def write_results(name: str, payload: dict) -> Path:
     Returns:
         The path written.
     """
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+    out_dir = results_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
     data = {"machine": machine_info(), **payload}
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
+
+
+def checkpoint(preset, seed: int = 0, root: Optional[Path] = None) -> str:
+    """A random-weight fp32 Llama checkpoint directory, written once and reused.
+
+    The weights depend only on the preset and the seed (see write_random_checkpoint), so a
+    cached directory is the same model every engine loads.
+
+    Args:
+        preset: a PRESETS name ("tiny", "small") or a dict of config.json fields.
+        seed: seed of the weights.
+        root: the cache folder (default $PAGEDLLM_BENCH_CHECKPOINTS or CHECKPOINT_CACHE).
+    Returns:
+        The checkpoint directory.
+    """
+    from pagedllm.model.checkpoint import random_config, write_random_checkpoint
+
+    # The folder name carries a hash of the full config, so a changed preset is a new folder.
+    key = json.dumps(random_config(preset).to_hf_dict(), sort_keys=True).encode()
+    label = preset if isinstance(preset, str) else "custom"
+    name = f"{label}-{hashlib.sha1(key).hexdigest()[:10]}-seed{seed}"
+    root = Path(root or os.environ.get(CHECKPOINT_CACHE_ENV) or CHECKPOINT_CACHE)
+    path = root / name
+    done = path / ".complete"
+    if not done.exists():
+        write_random_checkpoint(path, preset, seed=seed)
+        done.write_text("ok\n")
+    return str(path)

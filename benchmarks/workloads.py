@@ -54,6 +54,20 @@ def uniform_workload(n: int, vocab: int, prompt_len: int, output_len: int, seed:
     return [BenchRequest([rng.randrange(3, vocab) for _ in range(prompt_len)], output_len) for _ in range(n)]
 
 
+def shared_prefix_workload(n: int, vocab: int, prefix_len: int, suffix_mean: float,
+                           output_len: int, seed: int = 0, sigma: float = 0.5) -> List[BenchRequest]:
+    """n requests that all start with the same `prefix_len`-token system prompt.
+
+    Each then has its own log-normal user part (mean `suffix_mean`, at least 1 token) and a
+    forced output of `output_len` tokens.
+    """
+    rng = random.Random(seed)
+    system = [rng.randrange(3, vocab) for _ in range(prefix_len)]
+    suffixes = lognormal_lengths(n, suffix_mean, sigma, 1, 8 * int(suffix_mean), rng)
+    return [BenchRequest(system + [rng.randrange(3, vocab) for _ in range(s)], output_len)
+            for s in suffixes]
+
+
 def describe(reqs: List[BenchRequest]) -> dict:
     """Means, spreads and totals of a workload, for the tables."""
     def stats(xs):

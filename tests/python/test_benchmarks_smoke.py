@@ -1,0 +1,154 @@
+"""Smoke test of the benchmark suite: every section runs end to end on the tiny model with a
+handful of requests, writes its JSON, its plot and its block of the markdown page.
+
+No timing is asserted: only that the runs complete, count their tokens right, and that the
+derived figures are well-formed. vLLM is not started here (it needs its own venv); the
+transformers peer runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import common, plots, report  # noqa: E402
+from benchmarks.bench_block_size import BlockSizeConfig, seed_rule  # noqa: E402
+from benchmarks.bench_memory import MemoryConfig, simulate_contiguous  # noqa: E402
+from benchmarks.bench_profile import ProfileConfig  # noqa: E402
+from benchmarks.bench_sharing import SharingConfig  # noqa: E402
+from benchmarks.bench_throughput import HFPlan, ThroughputConfig, agreement  # noqa: E402
+from benchmarks.workloads import BenchRequest, mixed_workload  # noqa: E402
+
+TINY_MIXED = dict(n=5, prompt_mean=20, prompt_sigma=0.6, output_mean=5, output_sigma=0.5,
+                  max_prompt=64, max_output=12)
+
+
+@pytest.fixture()
+def bench_env(tmp_path, monkeypatch):
+    """Results and checkpoints under tmp_path; one thread (the machine may be shared)."""
+    monkeypatch.setenv(common.RESULTS_DIR_ENV, str(tmp_path / "results"))
+    monkeypatch.setenv(common.CHECKPOINT_CACHE_ENV, str(tmp_path / "ckpt"))
+    return tmp_path / "results"
+
+
+def test_seed_rule_values():
+    assert seed_rule(100) == 16   # 2^ceil(log2 10) = 16
+    assert seed_rule(192) == 32   # 19.2 -> 32
+    assert seed_rule(700) == 128  # 70 -> 128
+    assert seed_rule(5) == 16
+
+
+def test_simulated_contiguous_reservation():
+    # Budget 100 slots: requests of 60 and 50 slots cannot run together; 30 fits beside 60.
+    reqs = [BenchRequest([1] * 50, 10), BenchRequest([1] * 20, 10), BenchRequest([1] * 45, 5)]
+    sim = simulate_contiguous(reqs, 100)
+    # Steps 1-10: the first two run (60 + 30 slots); then the third (50) alone for 5 steps.
+    assert sim == {"peak_running": 2, "mean_running": round((2 * 10 + 5) / 15, 2), "steps": 15}
+    with pytest.raises(ValueError, match="budget"):
+        simulate_contiguous([BenchRequest([1] * 200, 1)], 100)
+
+
+def test_agreement_counts_common_prefixes():
+    got = agreement([[1, 2, 3], [4, 5, 6], [7]], [[1, 2, 3], [4, 0, 6], [8]])
+    assert got == {"requests": 3, "identical": 1, "mean_matching_prefix": round((3 + 1 + 0) / 3, 2)}
+
+
+def test_replace_block_needs_markers():
+    text = "a\n<!-- BEGIN generated: x -->\nold\n<!-- END generated: x -->\nb"
+    assert "new" in report.replace_block(text, "x", "new")
+    assert "old" not in report.replace_block(text, "x", "new")
+    with pytest.raises(ValueError, match="generated: y"):
+        report.replace_block(text, "y", "new")
+
+
+def test_every_section_end_to_end(bench_env, tmp_path):
+    from benchmarks import bench_block_size, bench_memory, bench_profile, bench_sharing
+    from benchmarks import bench_throughput
+
+    thr = bench_throughput.run(ThroughputConfig(
+        models=("tiny",), mixed=TINY_MIXED, uniform=(16, 4), concurrency=(1, 3),
+        repeats={"tiny": 2}, hf={"tiny": HFPlan(None, (2, 4), 3)},
+        peers=("transformers",), num_threads=1))
+    t = thr["models"]["tiny"]
+    want = t["mixed_workload"]["total_output_tokens"]
+    for engine, runs in t["mixed"]["runs"].items():
+        assert len(runs) == 2
+        assert all(r["output_tokens"] == want for r in runs), engine
+    assert set(t["concurrency"]) == {"1", "3"}
+    assert t["concurrency"]["3"]["pagedllm"]["output_tokens"] == 12
+    assert t["transformers_batch_pick"]["best"] in (2, 4)
+    assert 0 <= t["agreement_first_tokens"]["transformers"]["identical"] <= 5
+
+    mem = bench_memory.run(MemoryConfig(mixed=TINY_MIXED, max_model_len=128,
+                                        budget_tokens=256, num_threads=1))
+    u = mem["utilization"]
+    assert u["steps"] == len(u["trace"]) > 0
+    for scheme in ("paged", "contiguous_own_length", "contiguous_max_model_len"):
+        assert 0 < u[scheme]["mean_per_step"] <= 1
+    assert u["contiguous_max_model_len"]["ratio_of_sums"] < u["paged"]["ratio_of_sums"]
+    b = mem["fixed_budget"]
+    assert b["contiguous_max_model_len"]["peak_running"] == 2  # 256 // 128
+    assert 1 <= b["paged"]["peak_running"] <= 5
+
+    sh = bench_sharing.run(SharingConfig(
+        fork_workload=TINY_MIXED, widths=(2,), prefix_model="tiny",
+        prefix=dict(n=4, prefix_len=48, suffix_mean=4, output_len=3), repeats=1, num_threads=1))
+    for key in ("parallel_sampling", "beam_search"):
+        r = sh[key]["2"]
+        assert 0 < r["saved_over_run"] < 1
+        assert r["peak_blocks_shared"] <= r["peak_blocks_unshared"]
+    sp = sh["shared_prefix"]
+    assert sp["prefix_hit_rate"] > 0.5  # 48 of ~52 prompt tokens are shared by requests 2-4
+    assert sp["same_tokens"] is True
+    assert sp["on"]["peak_used_blocks"] < sp["off"]["peak_used_blocks"]
+
+    bs = bench_block_size.run(BlockSizeConfig(mixed=TINY_MIXED, block_sizes=(8, 32),
+                                              budget_tokens=256, repeats=1, num_threads=1))
+    assert set(bs["sweep"]) == {"ample", "budget"}
+    assert bs["sweep"]["ample"]["8"]["waste"] < bs["sweep"]["ample"]["32"]["waste"]
+
+    prof = bench_profile.run(ProfileConfig(model="tiny", mixed=TINY_MIXED, uniform=(2, 8, 4),
+                                           num_threads=1))
+    assert abs(sum(prof["mixed"]["buckets_share"].values()) - 1) < 1e-3
+
+    for name in ("throughput", "memory", "sharing", "block_size", "profile"):
+        data = json.loads((bench_env / f"{name}.json").read_text())
+        assert data["machine"]["cores"] >= 1
+
+    pngs = plots.make_all(bench_env)
+    assert {p.name for p in pngs} == {"throughput_concurrency.png", "throughput_mixed.png",
+                                      "utilization.png", "block_size.png", "sharing.png"}
+    assert all(p.stat().st_size > 5000 for p in pngs)
+
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text((ROOT / "docs" / "BENCHMARKS.md").read_text())
+    done = report.update_doc(doc, bench_env)
+    assert {"throughput", "memory", "sharing", "block_size", "profile"} <= set(done)
+    text = doc.read_text()
+    assert "| tiny (4.9M) |" in text and "![block size sweep](results/block_size.png)" in text
+
+
+def test_cli_quick_without_peers(bench_env, tmp_path):
+    from benchmarks.__main__ import main
+
+    out = tmp_path / "quick"
+    assert main(["--quick", "--peers", "none", "--only", "memory", "--threads", "1", "--out-dir", str(out)]) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert set(run["sections"]) == {"memory"}
+    assert (out / "utilization.png").exists()
+    assert "paged, block size 16" in (out / "BENCHMARKS.md").read_text()
+
+
+def test_vllm_peer_reports_a_missing_venv(tmp_path, monkeypatch):
+    from benchmarks.peers.vllm_client import PeerUnavailable, vllm_python
+
+    monkeypatch.setenv("VLLM_VENV", str(tmp_path / "no-venv"))
+    with pytest.raises(PeerUnavailable, match="no venv at"):
+        vllm_python(build=False)
