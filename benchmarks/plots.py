@@ -40,9 +40,11 @@ def throughput_concurrency(data: dict, path: Path) -> None:
     for ax, m in zip(axes[0], models):
         sweep = data["models"][m]["concurrency"]
         ns = sorted(int(n) for n in sweep)
-        engines = [e for e in sweep[str(ns[0])] if e != "ratios"]
+        engines = list(dict.fromkeys(e for n in ns for e in sweep[str(n)] if e != "ratios"))
         for e in engines:
-            ax.plot(ns, [sweep[str(n)][e]["tokens_per_s"] for n in ns], "o-", label=e,
+            # a peer may sit out some points (run on a subset): plot the points it ran
+            pts = [(n, sweep[str(n)][e]["tokens_per_s"]) for n in ns if e in sweep[str(n)]]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=e,
                     color=COLORS.get(e))
         u = data["models"][m]["uniform"]
         ax.set_xscale("log", base=2)
