@@ -1,10 +1,12 @@
 """Time of one model step (forward + logits of the sampled rows), fp32 against bf16 weights.
 
 Steps measured, for the "tiny" and "small" presets:
-  decode16   16 sequences, one new token each, 256 tokens of context each (decode kernel)
-  prefill512 one sequence, 512 new tokens (prefill kernel)
-The fp32 and bf16 models are timed alternately in one process and the ratio of medians is
-reported: the machine is shared, so absolute times are noisy and the ratio is what to quote.
+  decode1/16/64  1, 16 or 64 sequences, one new token each, 256 tokens of context each
+  prefill512     one sequence, 512 new tokens (prefill kernel)
+Variants: fp32 and bf16 weights, each with plain F.linear and with oneDNN-prepacked weights
+(the engine's default, pagedllm.model.packed_linear). All four models are timed alternately in
+one process and ratios of medians are reported: the machine is shared, so absolute times are
+noisy and the ratios are what to quote.
 
 Usage:  PYTHONPATH=python python benchmarks/bench_model_step.py [--repeats 15] [--threads N]
 Writes benchmarks/results/model_step.json.
@@ -48,6 +50,14 @@ def prefill_step(n: int):
     return torch.zeros(n, dtype=torch.int64), torch.arange(n), meta
 
 
+VARIANTS = (("fp32", torch.float32, False), ("fp32 packed", torch.float32, True),
+            ("bf16", torch.bfloat16, False), ("bf16 packed", torch.bfloat16, True))
+STEPS = (("decode1", lambda: decode_step(1, 256), slice(None)),
+         ("decode16", lambda: decode_step(16, 256), slice(None)),
+         ("decode64", lambda: decode_step(64, 256), slice(None)),
+         ("prefill512", lambda: prefill_step(512), slice(-1, None)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=15)
@@ -59,27 +69,27 @@ def main() -> None:
     for preset in ("tiny", "small"):
         with tempfile.TemporaryDirectory() as d:
             write_random_checkpoint(d, preset)
-            models = {str(dt).removeprefix("torch."): load_model(d, dtype=dt)
-                      for dt in (torch.float32, torch.bfloat16)}
-        config = next(iter(models.values()))[1]
-        caches = {name: PagedKVCache(config, 16 * 16 + 32, BLOCK_SIZE, dtype=m.dtype)
-                  for name, (m, _) in models.items()}
-        for step_name, (ids, pos, meta), rows in (
-                ("decode16", decode_step(16, 256), slice(None)),
-                ("prefill512", prefill_step(512), slice(-1, None))):
+            models = {name: load_model(d, dtype=dt, prepack=packed)[0]
+                      for name, dt, packed in VARIANTS}
+            config = load_model(d)[1]
+        caches = {name: PagedKVCache(config, 64 * 16 + 32, BLOCK_SIZE, dtype=m.dtype)
+                  for name, m in models.items()}
+        for step_name, make, rows in STEPS:
+            ids, pos, meta = make()
             times: dict[str, list[float]] = {name: [] for name in models}
             for i in range(args.repeats + 2):
-                for name, (model, _) in models.items():
+                for name, model in models.items():
                     t = time.perf_counter()
                     model.compute_logits(model(ids, pos, meta, caches[name])[rows])
                     if i >= 2:  # warm-up
                         times[name].append(time.perf_counter() - t)
-            med = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
-            ratio = med["float32"] / med["bfloat16"]
-            print(f"{preset:5s} {step_name:10s} fp32 {med['float32']:8.2f} ms  bf16 "
-                  f"{med['bfloat16']:8.2f} ms  fp32/bf16 {ratio:5.2f}", flush=True)
-            results.append({"preset": preset, "step": step_name, "fp32_ms": round(med["float32"], 3),
-                            "bf16_ms": round(med["bfloat16"], 3), "fp32_over_bf16": round(ratio, 3)})
+            med = {name: round(statistics.median(ts) * 1e3, 3) for name, ts in times.items()}
+            print(f"{preset:5s} {step_name:10s} " + "  ".join(f"{n} {v:8.2f} ms"
+                                                              for n, v in med.items()), flush=True)
+            results.append({"preset": preset, "step": step_name, "ms": med,
+                            "fp32_over_fp32_packed": round(med["fp32"] / med["fp32 packed"], 3),
+                            "fp32_over_bf16": round(med["fp32"] / med["bf16"], 3)})
+        del models, caches
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"benchmark": "model_step", "date": time.strftime("%Y-%m-%d"),

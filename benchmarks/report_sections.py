@@ -211,15 +211,26 @@ def attention_headline(data: dict, ctx: Context) -> str:
     return "\n".join(out)
 
 
-STEPS = {"decode16": "decode, 16 sequences x 256 context", "prefill512": "prefill, 512 tokens"}
+STEPS = {"decode1": "decode, 1 sequence x 256 context",
+         "decode16": "decode, 16 sequences x 256 context",
+         "decode64": "decode, 64 sequences x 256 context", "prefill512": "prefill, 512 tokens"}
 
 
 def model_step(data: dict, ctx: Context) -> str:
-    rows = [[r["preset"], STEPS.get(r["step"], r["step"]), f"{r['fp32_ms']:.1f}",
-             f"{r['bf16_ms']:.1f}", f"{r['fp32_over_bf16']:.2f}"] for r in data.get("results", [])]
+    results = data.get("results", [])
+    variants = list(results[0]["ms"]) if results else []
+    rows = [[r["preset"], STEPS.get(r["step"], r["step"])]
+            + [f"{r['ms'][v]:.1f}" for v in variants]
+            + [f"{r['fp32_over_fp32_packed']:.2f}x", f"{r['fp32_over_bf16']:.2f}x"]
+            for r in results]
+    header = (["preset", "step"] + [f"{v} ms" for v in variants]
+              + ["packed speedup (fp32)", "bf16 speedup"])
     return "\n".join([
-        f"One model step, fp32 against bf16 weights, timed alternately ({data.get('repeats', '?')} "
-        f"repeats, medians, {data.get('torch_threads', '?')} torch thread(s)):", "",
-        table(["preset", "step", "fp32 ms", "bf16 ms", "fp32 / bf16"], rows), "",
+        f"One model step (forward + logits of the sampled rows), four variants of the same "
+        f"checkpoint timed alternately ({data.get('repeats', '?')} repeats, medians, "
+        f"{data.get('torch_threads', '?')} torch thread(s)). \"packed\" = projection weights "
+        f"prepacked into oneDNN's layout (the engine's default, `prepack_weights`); speedups "
+        f"are over plain fp32 F.linear.", "",
+        table(header, rows), "",
         f"_Script: `benchmarks/bench_model_step.py`, run by `python -m benchmarks` (alone: "
         f"`--only model_step`); {data.get('date', '?')}._"])

@@ -207,7 +207,10 @@ def test_monitor_against_a_busy_server(capsys):
         with httpx.Client(base_url=s.url, timeout=60) as c, c.stream(
                 "POST", "/v1/completions",
                 json={"prompt": "hello", "max_tokens": 400, "stream": True}) as r:
-            next(r.iter_lines())  # the request is running now
+            # Keep the line iterator referenced: a dropped one closes the connection (httpcore
+            # closes its stream on GeneratorExit) and the server then aborts the request.
+            lines = r.iter_lines()
+            next(lines)  # the request is running now
             code, out, err = run_cli(capsys, "monitor", "--url", s.url, "--once",
                                      "--metric", "running", "--metric", "cache_usage")
             assert code == 0, err

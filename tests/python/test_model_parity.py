@@ -19,7 +19,8 @@ import torch
 from model_fixtures import (PARITY_PROMPT_LENGTHS, PagedRunner, blocks_needed, hf_logits, load_hf,
                             make_prompts)
 from model_fixtures import torch_one_thread  # noqa: F401  (fixture)
-from pagedllm.model import load_model, write_random_checkpoint
+from pagedllm.model import load_model, packed_linear, write_random_checkpoint
+from pagedllm.model.llama import Linear
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -61,6 +62,7 @@ class Reference:
     """A loaded model, its transformers twin, the prompts, and memoised reference logits."""
 
     def __init__(self, path):
+        self.path = path
         self.model, self.config = load_model(path)
         self.hf = load_hf(path)
         self.prompts = make_prompts(self.config.vocab_size, PARITY_PROMPT_LENGTHS, seed=1)
@@ -120,6 +122,17 @@ def test_cached_prefixes_are_reused_and_still_match(ref):
     result = runner.generate(b, MAX_NEW_TOKENS, CHUNK)
     assert result.first_position == [32, 64, 32, 0]
     ref.check(result, b)
+
+
+@pytest.mark.skipif(not packed_linear.available(), reason="torch built without oneDNN")
+def test_prepacked_weights_match_transformers(ref):
+    # The engine's default: projections multiplied against oneDNN-prepacked weights.
+    model, config = load_model(ref.path, prepack=True)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert linears and all(m.packed is not None and m.weight is None for m in linears)
+    assert (model.lm_head is None) == config.tie_word_embeddings  # a tied head is not copied
+    runner = PagedRunner(model, config, 16, blocks_needed(ref.prompts, MAX_NEW_TOKENS, 16))
+    ref.check(runner.generate(ref.prompts, MAX_NEW_TOKENS, CHUNK), ref.prompts)
 
 
 def test_parity_check_is_sensitive(ref):

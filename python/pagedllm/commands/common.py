@@ -76,6 +76,7 @@ _ENGINE_FLAGS: Dict[str, str] = {
     "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
     "max_model_len": "max_model_len", "enable_prefix_caching": "enable_prefix_caching",
     "watermark": "watermark", "seed": "seed", "num_threads": "num_threads",
+    "prepack_weights": "prepack_weights",
 }
 # EngineConfig field -> the flag that sets it (for hints in error messages)
 FLAG_OF_FIELD = {field: "--" + dest.replace("_", "-") for dest, field in _ENGINE_FLAGS.items()}
@@ -107,6 +108,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, metavar="N", help="seed of the engine's sampler (0)")
     g.add_argument("--num-threads", type=positive_int, metavar="N",
                    help="CPU threads (all available cores)")
+    g.add_argument("--prepack-weights", action=argparse.BooleanOptionalAction, default=None,
+                   help="weights in oneDNN's blocked layout for faster CPU matmuls (on)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -61,7 +61,8 @@ class LLMEngine:
         if hasattr(_core, "set_num_threads"):
             _core.set_num_threads(threads)
         self.model_path = resolve_model_path(config.model)
-        self.model, self.model_config = load_model(self.model_path)
+        self.model, self.model_config = load_model(self.model_path,
+                                                    prepack=config.prepack_weights)
         self.tokenizer = self._load_tokenizer()
         eos = list(self.tokenizer.eos_token_ids) if self.tokenizer else []
         for t in self.model_config.eos_token_ids:

@@ -12,10 +12,13 @@ in a different order. Parameters are created uninitialised: use `load_model` to 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedllm.model import packed_linear
 from pagedllm.model.attention import AttentionMetadata, paged_attention
 from pagedllm.model.config import ModelConfig
 from pagedllm.model.kv_cache import PagedKVCache
@@ -27,15 +30,28 @@ def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
 
 
 class Linear(nn.Module):
-    """y = x @ weight.T + bias, weight [out_features, in_features] (uninitialised)."""
+    """y = x @ weight.T + bias, weight [out_features, in_features] (uninitialised).
+
+    After `prepack()` the weight lives only in oneDNN's blocked layout (`packed`; `weight` is
+    then None): see pagedllm.model.packed_linear.
+    """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = _param(out_features, in_features, dtype=dtype)
         self.bias = _param(out_features, dtype=dtype) if bias else None
+        self.packed: Optional[torch.Tensor] = None
+
+    def prepack(self) -> None:
+        """Moves the weight into oneDNN's layout once (the strided copy is released)."""
+        if self.packed is None:
+            self.packed = packed_linear.pack(self.weight.data)
+            self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [n, in_features] -> [n, out_features]
+        if self.packed is not None:
+            return packed_linear.linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -166,8 +182,35 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
-        """[vocab_size, hidden_size]: lm_head's weight, or the embedding when tied."""
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        """[vocab_size, hidden_size]: lm_head's weight, or the embedding when tied.
+
+        Raises:
+            RuntimeError: lm_head was prepacked (its weight exists only in oneDNN's layout).
+        """
+        if self.lm_head is None:
+            return self.embed_tokens.weight
+        if self.lm_head.packed is not None:
+            raise RuntimeError("lm_head is prepacked: its weight has no strided copy")
+        return self.lm_head.weight
+
+    def prepack_weights(self) -> int:
+        """Moves every projection weight into oneDNN's blocked layout (CPU fast path).
+
+        A tied lm_head stays strided: packing it would need a second copy of the embedding.
+        Returns:
+            How many linear layers were packed (0 when oneDNN is unavailable).
+        Raises:
+            ValueError: the model's dtype cannot be packed.
+        """
+        if self.dtype not in packed_linear.PACKABLE_DTYPES:
+            raise ValueError(f"model dtype {self.dtype}: prepacking expects one of "
+                             f"{packed_linear.PACKABLE_DTYPES}")
+        if not packed_linear.available():
+            return 0
+        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        for m in linears:
+            m.prepack()
+        return len(linears)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -209,4 +252,6 @@ class LlamaForCausalLM(nn.Module):
         Returns:
             logits: [n, vocab_size] float32.
         """
-        return F.linear(hidden, self.lm_head_weight).float()
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
+        return F.linear(hidden, self.embed_tokens.weight).float()

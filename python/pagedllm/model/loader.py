@@ -42,8 +42,8 @@ class _TensorInfo:
     dtype: str
 
 
-def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32
-               ) -> tuple[LlamaForCausalLM, ModelConfig]:
+def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
+               prepack: bool = False) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Loads a LlamaForCausalLM checkpoint directory.
 
     Args:
@@ -51,6 +51,8 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32
         dtype: model dtype: torch.float32 (the reference: matches transformers to fp32
             rounding) or torch.bfloat16 (weights and activations in bf16, attention still
             accumulates in fp32; several times faster matmuls on CPUs with AVX512-BF16/AMX).
+        prepack: move the projection weights into oneDNN's blocked layout after loading
+            (`LlamaForCausalLM.prepack_weights`): faster matmuls, `Linear.weight` is then None.
     Returns:
         (model in eval mode with gradients off, its ModelConfig).
     Raises:
@@ -75,6 +77,9 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32
         by_file.setdefault(found[name].file, []).append(name)
     for file, names in by_file.items():
         _fill(file, names, slots, params)
+    del params
+    if prepack:
+        model.prepack_weights()
     return model.eval(), config
 
 

@@ -1,0 +1,65 @@
+"""oneDNN-prepacked linear layers against a float64 reference, and their contract."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedllm.model import packed_linear
+
+pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="torch built without oneDNN")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 70])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_float64_reference(rows, bias):
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 80, generator=g)
+    b = torch.randn(96, generator=g) if bias else None
+    x = torch.randn(rows, 80, generator=g)
+    y = packed_linear.linear(x, packed_linear.pack(w), b)
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+    assert y.shape == (rows, 96) and y.dtype == torch.float32
+    assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_equals_f_linear():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(64, 48, generator=g).bfloat16()
+    x = torch.randn(5, 48, generator=g).bfloat16()
+    y = packed_linear.linear(x, packed_linear.pack(w), None)
+    assert y.dtype == torch.bfloat16
+    assert torch.allclose(y.float(), F.linear(x.float(), w.float()), rtol=2e-2, atol=2e-2)
+
+
+def test_no_rows():
+    y = packed_linear.linear(torch.empty(0, 8), packed_linear.pack(torch.ones(4, 8)), None)
+    assert y.shape == (0, 4)
+
+
+@pytest.mark.parametrize("weight", [torch.ones(4), torch.ones(2, 3, dtype=torch.float64),
+                                    torch.ones(2, 3, dtype=torch.float16)])
+def test_rejects_what_it_cannot_pack(weight):
+    with pytest.raises(ValueError, match="expected a 2-D float32 or bfloat16 CPU tensor"):
+        packed_linear.pack(weight)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_prepack_releases_the_strided_weight(tmp_path, tied):
+    from pagedllm.model import load_model, write_random_checkpoint
+    from pagedllm.model.checkpoint import PRESETS
+
+    write_random_checkpoint(tmp_path, {**PRESETS["tiny"], "tie_word_embeddings": tied}, seed=3)
+    plain, _ = load_model(tmp_path)
+    packed, _ = load_model(tmp_path, prepack=True)
+    names = {n for n, _ in packed.named_parameters()}
+    assert not any(n.endswith("proj.weight") or n == "lm_head.weight" for n in names)
+    assert "embed_tokens.weight" in names  # the embedding (and a tied head) stays strided
+    if tied:
+        assert packed.lm_head is None and packed.lm_head_weight is packed.embed_tokens.weight
+    else:
+        with pytest.raises(RuntimeError, match="prepacked"):
+            packed.lm_head_weight
+    h = torch.randn(3, plain.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(packed.compute_logits(h), plain.compute_logits(h), rtol=1e-5, atol=1e-5)
+    packed_count = sum(1 for m in packed.modules() if getattr(m, "packed", None) is not None)
+    assert packed.prepack_weights() == packed_count  # packing twice changes nothing
