@@ -26,7 +26,8 @@ from benchmarks.workloads import mixed_workload, uniform_workload
 
 # (bucket, predicate on (file, function name)); the first match wins.
 BUCKETS = (
-    ("matmuls (torch linear)", lambda f, n: "_nn.linear" in n or n.endswith("method matmul>")),
+    ("matmuls (torch linear, oneDNN packed)",
+     lambda f, n: "_nn.linear" in n or n.endswith("method matmul>") or "_linear_pointwise" in n),
     ("attention kernels (_core)", lambda f, n: "paged_attention" in n),
     ("KV cache write (_core)", lambda f, n: "reshape_and_cache" in n),
     ("scheduler + KV manager", lambda f, n: "scheduler.py" in f or "KVCacheManager" in n

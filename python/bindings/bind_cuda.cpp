@@ -15,6 +15,7 @@
 
 #include "bindings.h"
 #include "cuda_tensors.h"
+#include "kernel_args.h"
 #include "pagedllm/cuda/kernels.h"
 #include "pagedllm/cuda/runtime.h"
 #include "pagedllm/cuda/streams.h"
@@ -52,46 +53,9 @@ void reshape_and_cache(py::handle key, py::handle value, py::handle key_cache,
   const Tensor& kc = call.gpu(key_cache, "key_cache");
   const Tensor& vc = call.gpu(value_cache, "value_cache");
   const Tensor& slots = call.gpu(slot_mapping, "slot_mapping");
-  k::ReshapeAndCacheParams p;
-  p.cache = cuda_binding::cache_params(kc, vc, kv_cache_dtype, k_scale, v_scale);
-  kc.require_writable();
-  vc.require_writable();
-  for (const Tensor* t : {&kt, &vt}) {
-    t->require_ndim(3);
-    PAGEDLLM_CHECK_ARG(t->size(1) == p.cache.num_kv_heads && t->size(2) == p.cache.head_dim,
-                       t->name() << " must be [num_tokens, " << p.cache.num_kv_heads << ", "
-                                 << p.cache.head_dim << "], got " << t->describe());
-    PAGEDLLM_CHECK_ARG(t->size(2) == 1 || t->stride(2) == 1,
-                       t->name() << " must be contiguous in its last dim");
-  }
-  PAGEDLLM_CHECK_ARG(kt.size(0) == vt.size(0), "key has " << kt.size(0) << " tokens but value has "
-                                                          << vt.size(0));
-  PAGEDLLM_CHECK_ARG(kt.dtype() == vt.dtype(), "key is " << dtype_name(kt.dtype())
-                                                         << " but value is "
-                                                         << dtype_name(vt.dtype()));
-  PAGEDLLM_CHECK_ARG(kt.dtype() == DType::kFloat32 || kt.dtype() == DType::kFloat16 ||
-                         kt.dtype() == DType::kBFloat16,
-                     "key must be float32, float16 or bfloat16, got " << kt.describe());
-  p.dtype = kt.dtype() == DType::kFloat32   ? k::ScalarType::kFloat32
-            : kt.dtype() == DType::kFloat16 ? k::ScalarType::kFloat16
-                                            : k::ScalarType::kBFloat16;
-  p.key = kt.data();
-  p.value = vt.data();
-  p.key_token_stride = kt.stride(0);
-  p.key_head_stride = kt.stride(1);
-  p.value_token_stride = vt.stride(0);
-  p.value_head_stride = vt.stride(1);
-  PAGEDLLM_CHECK_ARG(kt.size(0) <= INT32_MAX, "too many tokens");
-  p.num_tokens = static_cast<int32_t>(kt.size(0));
-  slots.require_ndim(1);
-  PAGEDLLM_CHECK_ARG(slots.dtype() == DType::kInt32 || slots.dtype() == DType::kInt64,
-                     "slot_mapping must be int32 or int64, got " << slots.describe());
-  PAGEDLLM_CHECK_ARG(slots.size(0) == kt.size(0), "slot_mapping has " << slots.size(0)
-                                                                      << " entries for "
-                                                                      << kt.size(0) << " tokens");
-  slots.require_inner_contiguous(0);
-  p.slot_mapping = slots.data();
-  p.slot_mapping_int64 = slots.dtype() == DType::kInt64;
+  // Placement first (every tensor on the call's CUDA device), then the CPU bindings' rules.
+  const k::ReshapeAndCacheParams p = python::reshape_and_cache_params(
+      kt, vt, kc, vc, slots, kv_cache_dtype, k_scale, v_scale, /*on_cpu=*/false);
   const cu::Stream s = to_stream(stream);
   py::gil_scoped_release release;
   cu::DeviceScope scope(call.device());

@@ -25,36 +25,8 @@ void reshape_and_cache(py::handle key, py::handle value, py::handle key_cache,
                        const std::string& kv_cache_dtype, double k_scale, double v_scale) {
   const Tensor kt(key, "key"), vt(value, "value"), kc(key_cache, "key_cache"),
       vc(value_cache, "value_cache"), slots(slot_mapping, "slot_mapping");
-  k::ReshapeAndCacheParams p;
-  p.cache = cache_params(kc, vc, kv_cache_dtype, k_scale, v_scale);
-  kc.require_writable();
-  vc.require_writable();
-  check_activation(kt, p.cache.num_kv_heads, p.cache.head_dim);
-  check_activation(vt, p.cache.num_kv_heads, p.cache.head_dim);
-  PAGEDLLM_CHECK_ARG(kt.size(0) == vt.size(0), "key has " << kt.size(0)
-                                                          << " tokens but value has "
-                                                          << vt.size(0));
-  p.dtype = activation_type(kt);
-  PAGEDLLM_CHECK_ARG(kt.dtype() == vt.dtype(), "key is " << dtype_name(kt.dtype())
-                                                         << " but value is "
-                                                         << dtype_name(vt.dtype()));
-  p.key = kt.data();
-  p.value = vt.data();
-  p.key_token_stride = kt.stride(0);
-  p.key_head_stride = kt.stride(1);
-  p.value_token_stride = vt.stride(0);
-  p.value_head_stride = vt.stride(1);
-  p.num_tokens = to_i32(kt.size(0), "num_tokens");
-  slots.require_cpu();
-  slots.require_ndim(1);
-  PAGEDLLM_CHECK_ARG(slots.dtype() == DType::kInt32 || slots.dtype() == DType::kInt64,
-                     "slot_mapping must be int32 or int64, got " << slots.describe());
-  PAGEDLLM_CHECK_ARG(slots.size(0) == kt.size(0), "slot_mapping has " << slots.size(0)
-                                                                      << " entries for "
-                                                                      << kt.size(0) << " tokens");
-  slots.require_inner_contiguous(0);
-  p.slot_mapping = slots.data();
-  p.slot_mapping_int64 = slots.dtype() == DType::kInt64;
+  const k::ReshapeAndCacheParams p =
+      reshape_and_cache_params(kt, vt, kc, vc, slots, kv_cache_dtype, k_scale, v_scale);
   py::gil_scoped_release release;
   k::reshape_and_cache(p);
 }

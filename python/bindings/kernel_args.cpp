@@ -130,6 +130,44 @@ void check_index_1d(const Tensor& t, int64_t n, bool on_cpu) {
 }
 
 // Fills the shared part of decode / prefill params.
+k::ReshapeAndCacheParams reshape_and_cache_params(const Tensor& kt, const Tensor& vt,
+                                                  const Tensor& kc, const Tensor& vc,
+                                                  const Tensor& slots,
+                                                  const std::string& kv_cache_dtype,
+                                                  double k_scale, double v_scale, bool on_cpu) {
+  k::ReshapeAndCacheParams p;
+  p.cache = cache_params(kc, vc, kv_cache_dtype, k_scale, v_scale, on_cpu);
+  kc.require_writable();
+  vc.require_writable();
+  check_activation(kt, p.cache.num_kv_heads, p.cache.head_dim, on_cpu);
+  check_activation(vt, p.cache.num_kv_heads, p.cache.head_dim, on_cpu);
+  PAGEDLLM_CHECK_ARG(kt.size(0) == vt.size(0), "key has " << kt.size(0)
+                                                          << " tokens but value has "
+                                                          << vt.size(0));
+  p.dtype = activation_type(kt);
+  PAGEDLLM_CHECK_ARG(kt.dtype() == vt.dtype(), "key is " << dtype_name(kt.dtype())
+                                                         << " but value is "
+                                                         << dtype_name(vt.dtype()));
+  p.key = kt.data();
+  p.value = vt.data();
+  p.key_token_stride = kt.stride(0);
+  p.key_head_stride = kt.stride(1);
+  p.value_token_stride = vt.stride(0);
+  p.value_head_stride = vt.stride(1);
+  p.num_tokens = to_i32(kt.size(0), "num_tokens");
+  if (on_cpu) slots.require_cpu();
+  slots.require_ndim(1);
+  PAGEDLLM_CHECK_ARG(slots.dtype() == DType::kInt32 || slots.dtype() == DType::kInt64,
+                     "slot_mapping must be int32 or int64, got " << slots.describe());
+  PAGEDLLM_CHECK_ARG(slots.size(0) == kt.size(0), "slot_mapping has " << slots.size(0)
+                                                                      << " entries for "
+                                                                      << kt.size(0) << " tokens");
+  slots.require_inner_contiguous(0);
+  p.slot_mapping = slots.data();
+  p.slot_mapping_int64 = slots.dtype() == DType::kInt64;
+  return p;
+}
+
 k::AttentionParams attention_params(const Tensor& out, const Tensor& q, const Tensor& kc,
                                     const Tensor& vc, const Tensor& tables, const Tensor& lens,
                                     double scale, const std::string& kv_cache_dtype,

@@ -34,6 +34,15 @@ void check_activation(const Tensor& t, int64_t heads, int64_t head_dim, bool on_
 // Checks a contiguous 1-D int32 array of n elements (n < 0: any length).
 void check_index_1d(const Tensor& t, int64_t n, bool on_cpu = true);
 
+// reshape_and_cache's params: writable caches (cache_params), key/value
+// [num_tokens, num_kv_heads, head_dim] of one float type, slot_mapping int32/int64 [num_tokens].
+kernels::ReshapeAndCacheParams reshape_and_cache_params(const Tensor& kt, const Tensor& vt,
+                                                        const Tensor& kc, const Tensor& vc,
+                                                        const Tensor& slots,
+                                                        const std::string& kv_cache_dtype,
+                                                        double k_scale, double v_scale,
+                                                        bool on_cpu = true);
+
 // The params shared by decode and prefill (all but cu_seqlens_q).
 kernels::AttentionParams attention_params(const Tensor& out, const Tensor& q, const Tensor& kc,
                                           const Tensor& vc, const Tensor& tables,

@@ -7,6 +7,7 @@ an explicit causal mask. fp8 caches are uint8 tensors whose bytes are torch's fl
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -131,3 +132,19 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     scores = scores.masked_fill(mask[None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, v)
+
+
+def random_lens(rng: random.Random, block_size: int, count: int) -> list[int]:
+    """Context lengths mixing 1, exact block multiples, one past them and random values."""
+    picks = []
+    for _ in range(count):
+        kind = rng.randrange(4)
+        if kind == 0:
+            picks.append(1)
+        elif kind == 1:
+            picks.append(block_size * rng.randint(1, max(1, 600 // block_size)))
+        elif kind == 2:
+            picks.append(block_size * rng.randint(0, max(0, 600 // block_size)) + 1)
+        else:
+            picks.append(rng.randint(1, 700))
+    return picks

@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from kernel_reference import UNIT_ROUNDOFF, attention_ref, make_paged_kv
+from kernel_reference import UNIT_ROUNDOFF, attention_ref, make_paged_kv, random_lens
 from pagedllm import _core
 
 HEAD_DIMS = [64, 80, 96, 128, 256]
@@ -114,22 +114,6 @@ def random_config(rng: random.Random):
     return dict(heads=heads, kvh=kvh, head_dim=rng.choice(HEAD_DIMS),
                 block_size=rng.choice(BLOCK_SIZES), kv_dtype=rng.choice(KV_DTYPES),
                 act=rng.choice(ACT_DTYPES))
-
-
-def random_lens(rng: random.Random, block_size: int, count: int) -> list[int]:
-    """Context lengths mixing 1, exact block multiples, one past them and random values."""
-    picks = []
-    for _ in range(count):
-        kind = rng.randrange(4)
-        if kind == 0:
-            picks.append(1)
-        elif kind == 1:
-            picks.append(block_size * rng.randint(1, max(1, 600 // block_size)))
-        elif kind == 2:
-            picks.append(block_size * rng.randint(0, max(0, 600 // block_size)) + 1)
-        else:
-            picks.append(rng.randint(1, 700))
-    return picks
 
 
 @pytest.mark.parametrize("matrix_kernel,seed", MATRIX, indirect=["matrix_kernel"])

@@ -9,7 +9,7 @@ from pagedllm.model import packed_linear
 pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="torch built without oneDNN")
 
 
-@pytest.mark.parametrize("rows", [1, 3, 16, 70])
+@pytest.mark.parametrize("rows", [1, 3, 16, 17, 70, 1000])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_float64_reference(rows, bias):
     g = torch.Generator().manual_seed(rows)
@@ -18,7 +18,7 @@ def test_matches_float64_reference(rows, bias):
     x = torch.randn(rows, 80, generator=g)
     y = packed_linear.linear(x, packed_linear.pack(w), b)
     ref = F.linear(x.double(), w.double(), None if b is None else b.double())
-    assert y.shape == (rows, 96) and y.dtype == torch.float32
+    assert y.shape == (rows, 96) and y.dtype == torch.float32 and y.is_contiguous()
     assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5)
 
 
@@ -29,6 +29,20 @@ def test_bfloat16_equals_f_linear():
     y = packed_linear.linear(x, packed_linear.pack(w), None)
     assert y.dtype == torch.bfloat16
     assert torch.allclose(y.float(), F.linear(x.float(), w.float()), rtol=2e-2, atol=2e-2)
+
+
+def test_row_buckets_are_few_and_tight():
+    buckets = {packed_linear.padded_rows(n) for n in range(1, 4097)}
+    assert len(buckets) <= 16 + 8 * 8  # exact to 16, then 8 per octave
+    for n in range(1, 4097):
+        p = packed_linear.padded_rows(n)
+        assert n <= p and (p == n if n <= 16 else p - n < n / 8)
+        assert packed_linear.padded_rows(p) == p
+
+
+def test_small_weights_stay_strided():
+    assert not packed_linear.worth_packing(torch.empty(256, 1376))
+    assert packed_linear.worth_packing(torch.empty(1024, 1024))
 
 
 def test_no_rows():
@@ -44,10 +58,11 @@ def test_rejects_what_it_cannot_pack(weight):
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_prepack_releases_the_strided_weight(tmp_path, tied):
+def test_prepack_releases_the_strided_weight(tmp_path, tied, monkeypatch):
     from pagedllm.model import load_model, write_random_checkpoint
     from pagedllm.model.checkpoint import PRESETS
 
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_ELEMENTS", 0)
     write_random_checkpoint(tmp_path, {**PRESETS["tiny"], "tie_word_embeddings": tied}, seed=3)
     plain, _ = load_model(tmp_path)
     packed, _ = load_model(tmp_path, prepack=True)
@@ -63,3 +78,14 @@ def test_prepack_releases_the_strided_weight(tmp_path, tied):
     assert torch.allclose(packed.compute_logits(h), plain.compute_logits(h), rtol=1e-5, atol=1e-5)
     packed_count = sum(1 for m in packed.modules() if getattr(m, "packed", None) is not None)
     assert packed.prepack_weights() == packed_count  # packing twice changes nothing
+
+
+def test_prepack_leaves_small_weights(tmp_path):
+    from pagedllm.model import load_model, write_random_checkpoint
+    from pagedllm.model.checkpoint import PRESETS
+
+    # hidden 256, vocab 1024: every weight under MIN_PACKED_ELEMENTS
+    write_random_checkpoint(tmp_path, {**PRESETS["tiny"], "vocab_size": 1024}, seed=3)
+    model, _ = load_model(tmp_path, prepack=True)
+    assert model.prepack_weights() == 0
+    assert all(p is not None for p in model.parameters())

@@ -12,12 +12,6 @@ void check_scale(float v, const char* name) {
   PAGEDLLM_CHECK_ARG(std::isfinite(v) && v > 0.0f, name << " must be finite and > 0, got " << v);
 }
 
-void check_pool(const BlockPoolParams& b, const char* name) {
-  PAGEDLLM_CHECK_ARG(b.num_blocks >= 0, name << ": num_blocks must be >= 0, got " << b.num_blocks);
-  PAGEDLLM_CHECK_ARG(b.block_bytes > 0, name << ": a block must hold at least one byte");
-  PAGEDLLM_CHECK_ARG(b.data != nullptr || b.num_blocks == 0, name << ": data is null");
-}
-
 // Checks that pair ids are inside [0, limit); `which` is 0 (src) or 1 (dst).
 void check_pair_ids(const int64_t* pairs, int32_t n, int which, int32_t limit, const char* name) {
   for (int32_t i = 0; i < n; ++i) {
@@ -46,6 +40,12 @@ void check_unique_dst(const int64_t* pairs, int32_t n, bool dst_not_src) {
 
 }  // namespace
 
+void validate_block_pool(const BlockPoolParams& b, const char* name) {
+  PAGEDLLM_CHECK_ARG(b.num_blocks >= 0, name << ": num_blocks must be >= 0, got " << b.num_blocks);
+  PAGEDLLM_CHECK_ARG(b.block_bytes > 0, name << ": a block must hold at least one byte");
+  PAGEDLLM_CHECK_ARG(b.data != nullptr || b.num_blocks == 0, name << ": data is null");
+}
+
 void validate_cache(const KVCacheParams& c) {
   PAGEDLLM_CHECK_ARG(c.num_blocks >= 0, "num_blocks must be >= 0, got " << c.num_blocks);
   PAGEDLLM_CHECK_ARG(c.num_kv_heads >= 1, "num_kv_heads must be >= 1, got " << c.num_kv_heads);
@@ -58,8 +58,7 @@ void validate_cache(const KVCacheParams& c) {
   check_scale(c.v_scale, "v_scale");
 }
 
-void validate_attention(const AttentionParams& p, bool prefill) {
-  validate_cache(p.cache);
+void validate_attention_sizes(const AttentionParams& p, bool prefill) {
   const int32_t kvh = p.cache.num_kv_heads;
   PAGEDLLM_CHECK_ARG(p.num_heads >= 1 && p.num_heads % kvh == 0,
                      "num_heads (" << p.num_heads << ") must be a positive multiple of num_kv_heads ("
@@ -73,6 +72,13 @@ void validate_attention(const AttentionParams& p, bool prefill) {
                                                        << p.num_seqs << " sequences");
   } else {
     PAGEDLLM_CHECK_ARG(p.cu_seqlens_q != nullptr, "prefill needs cu_seqlens_q");
+  }
+}
+
+void validate_attention(const AttentionParams& p, bool prefill) {
+  validate_cache(p.cache);
+  validate_attention_sizes(p, prefill);
+  if (prefill) {
     PAGEDLLM_CHECK_ARG(p.cu_seqlens_q[0] == 0, "cu_seqlens_q[0] must be 0, got "
                                                    << p.cu_seqlens_q[0]);
     PAGEDLLM_CHECK_ARG(p.cu_seqlens_q[p.num_seqs] == p.num_tokens,
@@ -119,7 +125,7 @@ void validate_reshape_and_cache(const ReshapeAndCacheParams& p) {
 void validate_copy_blocks(const CopyBlocksParams& p) {
   PAGEDLLM_CHECK_ARG(p.num_pairs >= 0 && p.num_pools >= 0, "negative sizes");
   for (int32_t i = 0; i < p.num_pools; ++i) {
-    check_pool(p.pools[i], "caches");
+    validate_block_pool(p.pools[i], "caches");
     check_pair_ids(p.pairs, p.num_pairs, 0, p.pools[i].num_blocks, "the cache's");
     check_pair_ids(p.pairs, p.num_pairs, 1, p.pools[i].num_blocks, "the cache's");
   }
@@ -128,8 +134,8 @@ void validate_copy_blocks(const CopyBlocksParams& p) {
 
 void validate_swap_blocks(const SwapBlocksParams& p) {
   PAGEDLLM_CHECK_ARG(p.num_pairs >= 0, "negative number of pairs");
-  check_pool(p.src, "src");
-  check_pool(p.dst, "dst");
+  validate_block_pool(p.src, "src");
+  validate_block_pool(p.dst, "dst");
   PAGEDLLM_CHECK_ARG(p.src.block_bytes == p.dst.block_bytes,
                      "src blocks hold " << p.src.block_bytes << " bytes but dst blocks hold "
                                         << p.dst.block_bytes);

@@ -1,5 +1,6 @@
 // validate.h (internal) — the value checks every kernel entry point runs before any write.
-// Each throws pagedllm::Error naming the offending argument and the expected range.
+// Each throws pagedllm::Error naming the offending argument and the expected range. The CUDA
+// kernels (cuda/) run the same checks on the host for everything that lives in host memory.
 // Thread-safety: read-only.
 #pragma once
 
@@ -10,6 +11,10 @@ namespace pagedllm::kernels {
 // Sizes, pointers and scales of one layer's caches.
 void validate_cache(const KVCacheParams& c);
 
+// The fields of attention held in the params themselves (no array is read): the GQA ratio, a
+// finite scale, non-negative sizes, one query per sequence in decode, cu_seqlens_q in prefill.
+void validate_attention_sizes(const AttentionParams& p, bool prefill);
+
 // Sizes of the query/output, the GQA ratio, and per sequence: context length inside the table,
 // the blocks it uses inside the pool; prefill also cu_seqlens_q (0, non-decreasing, ends at
 // num_tokens, each q_len <= its context length).
@@ -17,6 +22,9 @@ void validate_attention(const AttentionParams& p, bool prefill);
 
 // Sizes of key/value and every slot in [-1, num_blocks * block_size).
 void validate_reshape_and_cache(const ReshapeAndCacheParams& p);
+
+// One block pool: non-negative size, a positive block size, data unless empty.
+void validate_block_pool(const BlockPoolParams& b, const char* name);
 
 // Pool sizes and pair ids; copy: destinations distinct and not sources.
 void validate_copy_blocks(const CopyBlocksParams& p);

@@ -3,13 +3,13 @@
 // 16 bytes per thread when the pool allows it; swap_blocks is one cudaMemcpyAsync per run of
 // consecutive blocks (a run is one copy when both pools store their blocks back to back).
 #include <cstring>
-#include <unordered_set>
 #include <vector>
 
 #include "../cuda_check.h"
 #include "../device_error.h"
 #include "../workspace.h"
 #include "pagedllm/cuda/kernels.h"
+#include "validate.h"
 
 namespace pagedllm::cuda {
 namespace detail {
@@ -46,35 +46,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void check_pool(const kernels::BlockPoolParams& b, const char* name) {
-  PAGEDLLM_CHECK_ARG(b.num_blocks >= 0, name << ": num_blocks must be >= 0, got " << b.num_blocks);
-  PAGEDLLM_CHECK_ARG(b.block_bytes > 0, name << ": a block must hold at least one byte");
-  PAGEDLLM_CHECK_ARG(b.data != nullptr || b.num_blocks == 0, name << ": data is null");
-}
-
-void check_pair_ids(const int64_t* pairs, int32_t n, int which, int32_t limit, const char* name) {
-  for (int32_t i = 0; i < n; ++i) {
-    const int64_t id = pairs[2 * i + which];
-    PAGEDLLM_CHECK_INDEX(id >= 0 && id < limit, "block_mapping[" << i << "][" << which << "] = "
-                                                    << id << " is outside " << name
-                                                    << " blocks [0, " << limit << ")");
-  }
-}
-
-void check_unique_dst(const int64_t* pairs, int32_t n, bool dst_not_src) {
-  std::unordered_set<int64_t> dst;
-  for (int32_t i = 0; i < n; ++i) {
-    PAGEDLLM_CHECK_ARG(dst.insert(pairs[2 * i + 1]).second,
-                       "block_mapping: destination block " << pairs[2 * i + 1] << " appears twice");
-  }
-  if (!dst_not_src) return;
-  for (int32_t i = 0; i < n; ++i) {
-    const int64_t src = pairs[2 * i];
-    PAGEDLLM_CHECK_ARG(src == pairs[2 * i + 1] || dst.count(src) == 0,
-                       "block_mapping: block " << src << " is both a source and a destination");
-  }
-}
-
 // Uploads pools (and, when given, host pairs) to the stream's workspace and launches.
 void launch_copy(const kernels::CopyBlocksParams& p, const int64_t* device_pairs, Stream stream) {
   const size_t pool_bytes = align256(sizeof(kernels::BlockPoolParams) * p.num_pools);
@@ -99,13 +70,7 @@ void launch_copy(const kernels::CopyBlocksParams& p, const int64_t* device_pairs
 
 void copy_blocks(const kernels::CopyBlocksParams& p, Stream stream) {
   using namespace detail;
-  PAGEDLLM_CHECK_ARG(p.num_pairs >= 0 && p.num_pools >= 0, "negative sizes");
-  for (int32_t i = 0; i < p.num_pools; ++i) {
-    check_pool(p.pools[i], "caches");
-    check_pair_ids(p.pairs, p.num_pairs, 0, p.pools[i].num_blocks, "the cache's");
-    check_pair_ids(p.pairs, p.num_pairs, 1, p.pools[i].num_blocks, "the cache's");
-  }
-  check_unique_dst(p.pairs, p.num_pairs, /*dst_not_src=*/true);
+  kernels::validate_copy_blocks(p);  // pairs are in host memory: every id is checked here
   if (p.num_pairs == 0 || p.num_pools == 0) return;
   launch_copy(p, nullptr, stream);
   finish_call(stream);
@@ -114,23 +79,14 @@ void copy_blocks(const kernels::CopyBlocksParams& p, Stream stream) {
 void copy_blocks_device_pairs(const kernels::CopyBlocksParams& p, Stream stream) {
   using namespace detail;
   PAGEDLLM_CHECK_ARG(p.num_pairs >= 0 && p.num_pools >= 0, "negative sizes");
-  for (int32_t i = 0; i < p.num_pools; ++i) check_pool(p.pools[i], "caches");
+  for (int32_t i = 0; i < p.num_pools; ++i) kernels::validate_block_pool(p.pools[i], "caches");
   if (p.num_pairs == 0 || p.num_pools == 0) return;
   launch_copy(p, p.pairs, stream);
   finish_call(stream);
 }
 
 void swap_blocks(const kernels::SwapBlocksParams& p, Stream stream) {
-  using namespace detail;
-  PAGEDLLM_CHECK_ARG(p.num_pairs >= 0, "negative number of pairs");
-  check_pool(p.src, "src");
-  check_pool(p.dst, "dst");
-  PAGEDLLM_CHECK_ARG(p.src.block_bytes == p.dst.block_bytes,
-                     "src blocks hold " << p.src.block_bytes << " bytes but dst blocks hold "
-                                        << p.dst.block_bytes);
-  check_pair_ids(p.pairs, p.num_pairs, 0, p.src.num_blocks, "src");
-  check_pair_ids(p.pairs, p.num_pairs, 1, p.dst.num_blocks, "dst");
-  check_unique_dst(p.pairs, p.num_pairs, /*dst_not_src=*/false);
+  kernels::validate_swap_blocks(p);
   const int64_t bytes = p.src.block_bytes;
   const bool src_dense = p.src.block_stride_bytes == bytes;
   const bool dst_dense = p.dst.block_stride_bytes == bytes;

@@ -42,11 +42,13 @@ class Linear(nn.Module):
         self.bias = _param(out_features, dtype=dtype) if bias else None
         self.packed: Optional[torch.Tensor] = None
 
-    def prepack(self) -> None:
-        """Moves the weight into oneDNN's layout once (the strided copy is released)."""
-        if self.packed is None:
+    def prepack(self) -> bool:
+        """Moves the weight into oneDNN's layout once (the strided copy is released), if it is
+        large enough to gain from it (packed_linear.worth_packing). Returns whether it is packed."""
+        if self.packed is None and packed_linear.worth_packing(self.weight):
             self.packed = packed_linear.pack(self.weight.data)
             self.weight = None
+        return self.packed is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [n, in_features] -> [n, out_features]
@@ -196,9 +198,10 @@ class LlamaForCausalLM(nn.Module):
     def prepack_weights(self) -> int:
         """Moves every projection weight into oneDNN's blocked layout (CPU fast path).
 
-        A tied lm_head stays strided: packing it would need a second copy of the embedding.
+        A tied lm_head stays strided: packing it would need a second copy of the embedding;
+        so do weights too small to gain (packed_linear.MIN_PACKED_ELEMENTS).
         Returns:
-            How many linear layers were packed (0 when oneDNN is unavailable).
+            How many linear layers are packed (0 when oneDNN is unavailable).
         Raises:
             ValueError: the model's dtype cannot be packed.
         """
@@ -207,10 +210,7 @@ class LlamaForCausalLM(nn.Module):
                              f"{packed_linear.PACKABLE_DTYPES}")
         if not packed_linear.available():
             return 0
-        linears = [m for m in self.modules() if isinstance(m, Linear)]
-        for m in linears:
-            m.prepack()
-        return len(linears)
+        return sum(m.prepack() for m in self.modules() if isinstance(m, Linear))
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
