@@ -19,12 +19,7 @@ import os
 import sys
 import time
 
-MARKER = "@@pagedllm-bench@@ "
-
-
-def reply(obj) -> None:
-    sys.stdout.write(MARKER + json.dumps(obj) + "\n")
-    sys.stdout.flush()
+from worker_protocol import reply, serve  # beside this script (run as a file)
 
 
 def write_gguf(model_dir: str, path: str) -> None:
@@ -189,25 +184,15 @@ def main() -> None:
            "version": llama_cpp.__version__, "max_seqs": args.max_seqs,
            "seq_tokens": args.seq_tokens, "threads": args.threads, "kv_cache": "f32",
            "flash_attn": False, "kv_unified": args.kv_unified})
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        cmd = json.loads(line)
-        try:
-            if cmd.get("op") == "generate":
-                t = time.perf_counter()
-                outs, steps = engine.generate(cmd["requests"])
-                reply({"event": "result", "elapsed_s": time.perf_counter() - t,
-                       "output_tokens": sum(len(o) for o in outs),
-                       "first_tokens": [o[:cmd.get("keep", 8)] for o in outs],
-                       "extra": {"steps": steps}})
-            elif cmd.get("op") == "quit":
-                reply({"event": "bye"})
-                break
-            else:
-                reply({"event": "error", "error": f"unknown op {cmd.get('op')!r}"})
-        except Exception as e:  # report, keep serving
-            reply({"event": "error", "error": f"{type(e).__name__}: {e}"})
+
+    def generate(cmd: dict) -> dict:
+        t = time.perf_counter()
+        outs, steps = engine.generate(cmd["requests"])
+        return {"event": "result", "elapsed_s": time.perf_counter() - t,
+                "output_tokens": sum(len(o) for o in outs),
+                "first_tokens": [o[:cmd.get("keep", 8)] for o in outs], "extra": {"steps": steps}}
+
+    serve({"generate": generate})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ the start-up again:
     {"op": "reset_prefix_cache"}
     {"op": "quit"}
 
-Each reply is one line on stdout starting with MARKER followed by JSON (vLLM logs to stdout
+Each reply is one line on stdout starting with worker_protocol.MARKER followed by JSON (vLLM logs to stdout
 too; the client skips every other line). The first reply, {"event": "ready", ...}, is sent once
 the engine has started. A generate reply holds elapsed_s (the generate call only), the output
 token count and the first `keep` tokens of each request.
@@ -22,17 +22,11 @@ to their length (min_tokens = max_tokens, ignore_eos), prefix caching off unless
 threads bound to both cores.
 """
 
-import json
 import os
 import sys
 import time
 
-MARKER = "@@pagedllm-bench@@ "
-
-
-def reply(obj) -> None:
-    sys.stdout.write(MARKER + json.dumps(obj) + "\n")
-    sys.stdout.flush()
+from worker_protocol import reply, serve  # beside this script (run as a file)
 
 
 def generate(llm, cmd):
@@ -93,24 +87,11 @@ def main() -> None:
            "enable_prefix_caching": args.enable_prefix_caching,
            "kv_space_gib": int(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
            "threads_bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"]})
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        cmd = json.loads(line)
-        op = cmd.get("op")
-        try:
-            if op == "generate":
-                reply(generate(llm, cmd))
-            elif op == "reset_prefix_cache":
-                llm.reset_prefix_cache()
-                reply({"event": "ok"})
-            elif op == "quit":
-                reply({"event": "bye"})
-                break
-            else:
-                reply({"event": "error", "error": f"unknown op {op!r}"})
-        except Exception as e:  # report, keep serving
-            reply({"event": "error", "error": f"{type(e).__name__}: {e}"})
+
+    def reset_prefix_cache(cmd: dict) -> None:
+        llm.reset_prefix_cache()
+
+    serve({"generate": lambda cmd: generate(llm, cmd), "reset_prefix_cache": reset_prefix_cache})
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence
 from benchmarks.engines import KEEP_TOKENS, RunResult
 from benchmarks.workloads import BenchRequest
 
-MARKER = "@@pagedllm-bench@@ "
+from benchmarks.peers.worker_protocol import MARKER
 
 
 class PeerUnavailable(RuntimeError):

@@ -7,8 +7,8 @@ mkldnn backend) can reorder a weight once into the layout its kernels read
 (`torch.ops.mkldnn._reorder_linear_weight`) and then multiply against it directly
 (`torch.ops.mkldnn._linear_pointwise`); this is what torch.compile's CPU backend (Inductor's
 mkldnn weight prepacking) and vLLM's CPU build do. Measured on the "small" model
-(docs/BENCHMARKS.md, "Model step"): 1.3-1.6x faster decode steps of 4-64 sequences, equal at
-one sequence, 1.0-1.5x on prefill.
+(docs/BENCHMARKS.md, "model_step" table): 1.25-1.5x faster decode steps of 16-64 sequences,
+equal at one sequence and on prefill.
 
 The packed weight is an opaque mkldnn tensor: it replaces the strided one (no second copy), so
 code that reads `Linear.weight` after packing gets None. Results differ from `F.linear` only in
