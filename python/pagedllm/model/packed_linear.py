@@ -30,10 +30,10 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 # the reorder it saves (measured: 256 x 1376 is 15-25% slower packed, 1024 x 1024 1.3x faster).
 MIN_PACKED_ELEMENTS = 1 << 20
 
-# oneDNN builds (and caches, 1024 entries by default) one primitive per (weight, row count);
-# building one costs about a millisecond. Row counts are rounded up to one of at most 72
-# buckets (exact to 16, then 8 per octave: padding under 1/8 of the rows) so that an engine
-# whose step sizes vary from 1 to thousands of tokens reuses a few hundred primitives.
+# oneDNN builds (and caches, 1024 entries by default) one primitive per (weight shape, row
+# count); building one costs about a millisecond. Row counts are rounded up to buckets (exact to
+# 16, then 8 per octave: 72 buckets up to 2048 rows, padding under 1/8 of the rows) so that an
+# engine whose step sizes vary from 1 to thousands of tokens reuses a few hundred primitives.
 EXACT_ROWS = 16
 
 
