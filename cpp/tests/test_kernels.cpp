@@ -196,3 +196,38 @@ TEST(KernelThreadPool, EveryIndexOnceAndErrorsRethrown) {
   EXPECT_EQ(inner.load(), 12);
   EXPECT_THROW(pk::set_num_threads(0), pagedllm::Error);
 }
+
+TEST(KernelRMSNorm, MatchesDoubleReferenceInPlaceAndAcrossTasks) {
+  // 300 rows x 1000 cols: several pool tasks, a tail after the 8-wide loop, out aliasing x.
+  const int64_t rows = 300;
+  const int32_t cols = 1000;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(rows * cols), w(cols);
+  for (float& v : x) v = 3 * normal(rng);
+  for (float& v : w) v = normal(rng);
+  std::vector<double> expected(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int32_t c = 0; c < cols; ++c) ss += double(x[r * cols + c]) * x[r * cols + c];
+    const double inv = 1.0 / std::sqrt(ss / cols + 1e-5);
+    for (int32_t c = 0; c < cols; ++c) expected[r * cols + c] = w[c] * x[r * cols + c] * inv;
+  }
+  pk::RMSNormParams p;
+  p.x = x.data();
+  p.out = x.data();
+  p.weight = w.data();
+  p.rows = rows;
+  p.cols = cols;
+  p.x_row_stride = p.out_row_stride = cols;
+  p.eps = 1e-5f;
+  pk::rms_norm(p);
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_NEAR(x[i], expected[i], 2e-6 * (1 + std::fabs(expected[i]))) << "at " << i;
+  }
+  p.eps = -1.0f;
+  EXPECT_THROW(pk::rms_norm(p), pagedllm::Error);
+  p.eps = 1e-5f;
+  p.x_row_stride = cols - 1;
+  EXPECT_THROW(pk::rms_norm(p), pagedllm::Error);
+}

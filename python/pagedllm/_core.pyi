@@ -85,6 +85,9 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
                       v_scale: float = 1.0) -> None:
     """key/value: [num_tokens, num_kv_heads, head_dim]; slot_mapping: [num_tokens] int32/int64,
     slot = block * block_size + offset, -1 skips the token. fp8 stores x / scale, saturated."""
+def rms_norm(out: Tensor, x: Tensor, weight: Tensor, eps: float) -> None:
+    """out = weight * x / sqrt(mean(x^2, last dim) + eps); float32 x/out [rows, cols] (last dim
+    contiguous; out may be x), weight [cols]."""
 def paged_attention_decode(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor,
                            block_tables: Tensor, context_lens: Tensor, scale: float,
                            kv_cache_dtype: str = "auto", k_scale: float = 1.0,

@@ -122,6 +122,17 @@ void validate_reshape_and_cache(const ReshapeAndCacheParams& p) {
   }
 }
 
+void validate_rms_norm(const RMSNormParams& p) {
+  PAGEDLLM_CHECK_ARG(p.rows >= 0, "rms_norm: rows must be >= 0, got " << p.rows);
+  PAGEDLLM_CHECK_ARG(p.cols >= 1, "rms_norm: cols must be >= 1, got " << p.cols);
+  PAGEDLLM_CHECK_ARG(std::isfinite(p.eps) && p.eps >= 0.0f,
+                     "rms_norm: eps must be finite and >= 0, got " << p.eps);
+  PAGEDLLM_CHECK_ARG(p.x_row_stride >= p.cols && p.out_row_stride >= p.cols,
+                     "rms_norm: row strides (" << p.x_row_stride << ", " << p.out_row_stride
+                                               << ") must be >= cols (" << p.cols << ")");
+  PAGEDLLM_CHECK_ARG(p.rows == 0 || (p.x && p.out && p.weight), "rms_norm: data is null");
+}
+
 void validate_copy_blocks(const CopyBlocksParams& p) {
   PAGEDLLM_CHECK_ARG(p.num_pairs >= 0 && p.num_pools >= 0, "negative sizes");
   for (int32_t i = 0; i < p.num_pools; ++i) {

@@ -23,6 +23,9 @@ void validate_attention(const AttentionParams& p, bool prefill);
 // Sizes of key/value and every slot in [-1, num_blocks * block_size).
 void validate_reshape_and_cache(const ReshapeAndCacheParams& p);
 
+// Sizes, pointers and eps of rms_norm (eps finite and >= 0, strides >= cols).
+void validate_rms_norm(const RMSNormParams& p);
+
 // One block pool: non-negative size, a positive block size, data unless empty.
 void validate_block_pool(const BlockPoolParams& b, const char* name);
 

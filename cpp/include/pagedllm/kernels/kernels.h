@@ -37,6 +37,10 @@ void copy_blocks(const CopyBlocksParams& p);
 // Copies block src of p.src to block dst of p.dst for every pair; blocks must be the same size.
 void swap_blocks(const SwapBlocksParams& p);
 
+// RMSNorm of every row (statistics in float32, transformers' LlamaRMSNorm arithmetic up to
+// summation order); rows are split over the pool when there are enough of them.
+void rms_norm(const RMSNormParams& p);
+
 // Sums n floats reading them once with all pool threads (a memory read-bandwidth probe).
 double stream_read_sum(const float* data, int64_t n);
 

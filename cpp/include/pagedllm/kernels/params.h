@@ -96,4 +96,16 @@ struct SwapBlocksParams {
   int32_t num_pairs = 0;
 };
 
+// rms_norm: out[r] = weight * x[r] / sqrt(mean(x[r]^2) + eps), float32 (a model's RMSNorm).
+struct RMSNormParams {
+  const float* x = nullptr;         // [rows, cols], rows at x_row_stride, cols contiguous
+  int64_t x_row_stride = 0;
+  float* out = nullptr;             // [rows, cols]; may be x itself
+  int64_t out_row_stride = 0;
+  const float* weight = nullptr;    // [cols]
+  int64_t rows = 0;
+  int32_t cols = 0;
+  float eps = 0.0f;
+};
+
 }  // namespace pagedllm::kernels
