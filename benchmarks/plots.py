@@ -33,6 +33,19 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _twin_legend(ax, ax2, **kwargs) -> None:
+    """One legend on `ax` for the lines of both y axes."""
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, **kwargs)
+
+
 def throughput_concurrency(data: dict, path: Path) -> None:
     plt = _plt()
     models = list(data["models"])
@@ -54,9 +67,7 @@ def throughput_concurrency(data: dict, path: Path) -> None:
         ax.set_title(f'"{m}" model')
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def throughput_mixed(data: dict, path: Path) -> None:
@@ -74,9 +85,7 @@ def throughput_mixed(data: dict, path: Path) -> None:
         ax.set_title(f'"{m}": {w["num_requests"]} mixed requests')
         ax.set_ylabel("output tokens / s")
         ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def utilization(data: dict, path: Path) -> None:
@@ -97,14 +106,10 @@ def utilization(data: dict, path: Path) -> None:
     ax2 = ax.twinx()
     ax2.plot(t, [r[3] for r in trace], color="#2ca02c", lw=0.8, alpha=0.5, label="running requests")
     ax2.set_ylabel("running requests", color="#2ca02c")
-    lines = ax.get_legend_handles_labels()
-    lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="lower right", fontsize=8)
+    _twin_legend(ax, ax2, loc="lower right", fontsize=8)
     ax.set_title(f"KV utilization over the mixed workload ({data['workload']['num_requests']} requests)")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def block_size(data: dict, path: Path) -> None:
@@ -130,14 +135,10 @@ def block_size(data: dict, path: Path) -> None:
     ax.set_xlabel("block size (tokens)")
     ax.set_ylabel("output tokens / s")
     ax2.set_ylabel("KV waste (%)", color="#d62728")
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="best")
+    _twin_legend(ax, ax2, fontsize=8, loc="best")
     ax.set_title(f'Block size sweep, "{data["model"]}" model, mixed workload')
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def sharing(data: dict, path: Path) -> None:
@@ -159,9 +160,7 @@ def sharing(data: dict, path: Path) -> None:
     ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     ax.grid(axis="y", alpha=0.3)
     ax.set_title("KV memory saved by copy-on-write sharing")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def make_all(out_dir: Path) -> List[Path]:
