@@ -88,9 +88,10 @@ class RMSNorm(nn.Module):
         # x: [n, hidden_size] -> [n, hidden_size]
         if x.dtype == torch.float32:
             if x.device.type == "cpu":
-                out = torch.empty_like(x)
-                _core.rms_norm(out, x, self.weight, self.eps)
-                return out
+                rows = x.reshape(-1, x.shape[-1])  # [n, hidden] (a view when contiguous)
+                out = torch.empty_like(rows)
+                _core.rms_norm(out, rows, self.weight, self.eps)
+                return out.view(x.shape)
             return F.rms_norm(x, self.shape, self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
