@@ -22,7 +22,7 @@ def test_matches_float64_reference(rows, bias):
     assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_bfloat16_equals_f_linear():
+def test_bfloat16_matches_the_float_product():
     g = torch.Generator().manual_seed(1)
     w = torch.randn(64, 48, generator=g).bfloat16()
     x = torch.randn(5, 48, generator=g).bfloat16()
