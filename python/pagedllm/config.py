@@ -178,5 +178,9 @@ class EngineConfig:
             raise ValueError(f"{path}: {e}") from None
 
     def replace(self, **changes: Any) -> "EngineConfig":
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again). A max_num_batched_tokens that was
+        left to its default follows a new max_num_seqs."""
+        if ("max_num_seqs" in changes and "max_num_batched_tokens" not in changes
+                and self.max_num_batched_tokens == max(2048, self.max_num_seqs)):
+            changes["max_num_batched_tokens"] = None
         return dataclasses.replace(self, **changes)

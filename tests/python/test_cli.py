@@ -107,7 +107,7 @@ def test_generate_with_config_file_and_stop(capsys, tmp_path):
 def test_generate_errors_are_one_line(capsys, argv, match, code):
     got, out, err = run_cli(capsys, "generate", "--num-threads", "1", *argv, "hi")
     assert got == code and out == ""
-    (line,) = err.strip().splitlines()[-1:]
+    (line,) = err.strip().splitlines()
     assert line.startswith("pagedllm: error: ") and re.search(match, line), err
     assert "Traceback" not in err
     if "--kv-cache-memory" in argv:

@@ -250,3 +250,12 @@ def test_monitor_unknown_metric_is_named():
     (view,) = monitor.resolve_metrics(["no_such_thing"])
     with pytest.raises(CliError, match="no_such_thing"):
         view[1]((0.0, METRICS), None)
+
+
+def test_config_replace_rederives_defaults():
+    base = EngineConfig()
+    assert base.replace(max_num_seqs=4096).max_num_batched_tokens == 4096  # was the default
+    pinned = EngineConfig(max_num_batched_tokens=3000)
+    with pytest.raises(ValueError, match="max_num_batched_tokens must be"):
+        pinned.replace(max_num_seqs=4096)  # set by the user: kept, and now too small
+    assert pinned.replace(max_num_seqs=8).max_num_batched_tokens == 3000

@@ -121,6 +121,7 @@ def test_ops_dispatches_cpu_tensors_to_the_cpu_kernels():
     _core.paged_attention_decode(out2, a["query"], kc, vc, a["block_tables"], a["context_lens"],
                                  scale)
     assert torch.equal(out1, out2)
+    out1.fill_(float("nan"))
     ops.paged_attention_prefill(out1, a["query"], kc, vc, a["block_tables"], a["cu_seqlens_q"],
                                 a["context_lens"], scale)
     assert torch.equal(out1, out2)  # one query token per sequence: prefill == decode

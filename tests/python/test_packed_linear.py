@@ -88,4 +88,5 @@ def test_prepack_leaves_small_weights(tmp_path):
     write_random_checkpoint(tmp_path, {**PRESETS["tiny"], "vocab_size": 1024}, seed=3)
     model, _ = load_model(tmp_path, prepack=True)
     assert model.prepack_weights() == 0
-    assert all(p is not None for p in model.parameters())
+    assert all(getattr(m, "packed", None) is None for m in model.modules())
+    assert any(n.endswith("proj.weight") for n, _ in model.named_parameters())
