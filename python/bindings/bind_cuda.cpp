@@ -212,8 +212,10 @@ class PyStreams {
   size_t pending() const { return keep_.size(); }
 
  private:
-  std::unique_ptr<cu::Streams> streams_;
+  // Declared before streams_ so that it is destroyed after it: ~Streams waits for the queued
+  // copies, and only then may the tensors they read and write be released.
   std::vector<std::pair<uint64_t, py::object>> keep_;
+  std::unique_ptr<cu::Streams> streams_;
 };
 
 cu::Validation parse_validation(const std::string& mode) {

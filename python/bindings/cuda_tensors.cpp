@@ -64,12 +64,6 @@ const Tensor& CudaCall::any(py::handle obj, const char* name, Placement* where) 
   return tensors_.back();
 }
 
-k::KVCacheParams cache_params(const Tensor& kc, const Tensor& vc,
-                              const std::string& kv_cache_dtype, double k_scale,
-                              double v_scale) {
-  return python::cache_params(kc, vc, kv_cache_dtype, k_scale, v_scale, /*on_cpu=*/false);
-}
-
 const Tensor& index_1d(CudaCall& call, py::handle obj, const char* name, int64_t n) {
   const Tensor& t = call.gpu(obj, name);
   python::check_index_1d(t, n, /*on_cpu=*/false);

@@ -45,11 +45,6 @@ class CudaCall {
   int device_ = -1;
 };
 
-// One layer's caches [num_blocks, num_kv_heads, block_size, head_dim] (CUDA tensors).
-kernels::KVCacheParams cache_params(const Tensor& kc, const Tensor& vc,
-                                    const std::string& kv_cache_dtype, double k_scale,
-                                    double v_scale);
-
 // Shared part of decode / prefill params (shapes checked; ids and lengths checked on the GPU).
 kernels::AttentionParams attention_params(CudaCall& call, pybind11::handle out,
                                           pybind11::handle query, pybind11::handle key_cache,

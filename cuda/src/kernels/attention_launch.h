@@ -82,7 +82,5 @@ void launch_decode(const DecodeArgs& a, cudaStream_t stream);
 template <kernels::CacheType CT, int HD>
 void launch_prefill(const PrefillArgs& a, int max_tiles, cudaStream_t stream);
 
-// Merges the split-K partials into out (any head dim).
-void launch_merge(const DecodeArgs& a, int head_dim, cudaStream_t stream);
 
 }  // namespace pagedllm::cuda::detail

@@ -28,11 +28,6 @@ class KVPlan:
     watermark_blocks: int
     block_size: int
 
-    @property
-    def capacity_tokens(self) -> int:
-        """Tokens the whole pool holds."""
-        return self.num_blocks * self.block_size
-
 
 def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int) -> KVPlan:
     """Decides the number of blocks and the length limit.

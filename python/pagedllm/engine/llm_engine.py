@@ -23,7 +23,7 @@ from pagedllm.engine.model_runner import ModelRunner
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.sampler import Sampler
 from pagedllm.engine.scheduler import Scheduler
-from pagedllm.engine.sequence import Request, SequenceStatus
+from pagedllm.engine.sequence import Request
 from pagedllm.engine.stop_checker import StopChecker
 from pagedllm.model import PagedKVCache, load_model
 from pagedllm.outputs import BeamSearchOutput, RequestOutput
@@ -89,7 +89,6 @@ class LLMEngine:
             self.tokenizer)
         self.requests: Dict[str, Request] = {}
         self._ids = itertools.count()
-        self._stats_samples: List[float] = []
         # Counters for metrics (cumulative since start).
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0

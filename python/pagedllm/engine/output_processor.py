@@ -8,7 +8,7 @@ when its prompt has been computed: every sample shares the prompt's blocks.
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import torch
 
@@ -55,7 +55,6 @@ class OutputProcessor:
         seq.token_ids.append(result.token_id)
         if req.first_token_time is None:
             req.first_token_time = now
-        req.last_token_time = now
         if result.logprob is not None:
             seq.cumulative_logprob += result.logprob
         if seq.output_logprobs is not None:

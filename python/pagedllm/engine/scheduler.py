@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import List
 
 import numpy as np
 
@@ -181,7 +181,7 @@ class Scheduler:
                 res = self.kv.append(seq.seq_id, seq.token_ids[start:start + n])
                 if res is None:
                     victim = self.running[-1]
-                    self._preempt(victim, entries, slots, preempted)
+                    self._preempt(victim, preempted)
                     if victim is seq:
                         break
             if res is None:
@@ -194,12 +194,9 @@ class Scheduler:
             i += 1
         return budget
 
-    def _preempt(self, seq: Sequence, entries, slots, preempted) -> None:
-        # Forget anything already scheduled for it this step: its slots go with its blocks.
-        for j in range(len(entries) - 1, -1, -1):
-            if entries[j].seq is seq:
-                del entries[j]
-                del slots[j]
+    def _preempt(self, seq: Sequence, preempted) -> None:
+        # The victim is the latest arrival, running[-1], at or after the sequence being
+        # scheduled: nothing of it is in this step's entries yet.
         self.running.remove(seq)
         self.kv.free(seq.seq_id)
         seq.num_computed_tokens = 0

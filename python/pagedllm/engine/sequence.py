@@ -114,7 +114,6 @@ class Request:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.arrival_seq = next(_arrivals)
         self.first_token_time: Optional[float] = None
-        self.last_token_time: Optional[float] = None
         self.finish_time: Optional[float] = None
         self.beam: Any = None  # BeamSearchState for beam-search requests
         self.forked = False
