@@ -24,8 +24,9 @@ from typing import Dict, List
 
 from pagedllm.commands.bench_workload import (BenchRequest, assign_arrivals, from_file,
                                               percentiles, synthetic)
+from pagedllm.engine.llm_engine import without_request_id
 from pagedllm.commands.common import (UsageError, add_engine_args, build_engine, engine_config,
-                                      positive_int, request_error)
+                                      positive_int)
 
 NAME = "bench"
 HELP = "benchmark throughput and latency on a workload"
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                     engine.add_request(f"bench-{nxt}", r.prompt, params,
                                        arrival_time=start + r.arrival)
                 except ValueError as e:
-                    raise UsageError(f"request {nxt}: {request_error(e)} (lower --input-len / --output-len or "
+                    raise UsageError(f"request {nxt}: {without_request_id(str(e))} (lower --input-len / --output-len or "
                                      "raise --max-model-len / --kv-cache-memory)") from None
                 nxt += 1
             if not engine.has_unfinished_requests():

@@ -168,14 +168,6 @@ def bundled_model_path() -> str:
         raise CliError(f"{_one_line(str(e))} (or give a checkpoint directory with --model DIR)") from None
 
 
-def request_error(e: Exception) -> str:
-    """An engine add_request error without its internal "request <id>: " prefix."""
-    message = str(e)
-    if message.startswith("request ") and ": " in message:
-        return message.split(": ", 1)[1]
-    return message
-
-
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 

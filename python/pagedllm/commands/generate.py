@@ -20,8 +20,9 @@ import sys
 import time
 from typing import List, Optional, TextIO
 
+from pagedllm.engine.llm_engine import without_request_id
 from pagedllm.commands.common import (UsageError, add_engine_args, build_engine, engine_config,
-                                      positive_int, request_error)
+                                      positive_int)
 from pagedllm.commands.report import kv_summary
 from pagedllm.streaming import ChoiceTracker, holdback_for
 
@@ -170,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             index[engine.add_request(f"generate-{i}", prompt, params)] = i
         except ValueError as e:
-            raise UsageError(f"prompt {i + 1}: {request_error(e)} (lower --max-tokens, or "
+            raise UsageError(f"prompt {i + 1}: {without_request_id(str(e))} (lower --max-tokens, or "
                              "raise --max-model-len / --kv-cache-memory)") from None
     printer = OrderedPrinter(prompts, args.n, holdback_for(stops), not args.no_echo, sys.stdout)
     first_token: Optional[float] = None

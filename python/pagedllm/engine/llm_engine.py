@@ -47,6 +47,13 @@ def resolve_model_path(model: Optional[str]) -> str:
     return model
 
 
+def without_request_id(message: str) -> str:
+    """An add_request error message without the engine's internal "request <id>: " prefix."""
+    if message.startswith("request ") and ": " in message:
+        return message.split(": ", 1)[1]
+    return message
+
+
 class LLMEngine:
     """The request-level engine (vLLM's LLMEngine, synchronous).
 

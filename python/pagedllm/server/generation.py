@@ -11,11 +11,12 @@ from typing import AsyncIterator, List, Optional, Tuple
 from fastapi import Request
 
 from pagedllm.engine.async_engine import EngineDeadError, RequestStream
+from pagedllm.engine.llm_engine import without_request_id
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.server.errors import OpenAIError, bad_request
 from pagedllm.server.protocol import _SamplingRequest
-from pagedllm.server.state import ServerState
+from pagedllm.server.state import SAMPLING_DEFAULT_KEYS, ServerState
 
 
 @dataclass
@@ -41,7 +42,7 @@ def sampling_params(state: ServerState, req: _SamplingRequest, max_tokens: int,
     """
     knobs = {k: (getattr(req, k) if k in req.model_fields_set
                  else state.sampling_defaults.get(k, getattr(req, k)))
-             for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
+             for k in SAMPLING_DEFAULT_KEYS}
     try:
         return SamplingParams(
             n=req.n, best_of=best_of, seed=req.seed, max_tokens=max_tokens,
@@ -63,25 +64,35 @@ async def submit(state: ServerState, base_id: str, prompts: List[Prompt],
         OpenAIError: 400 when the engine rejects a prompt (those already added are aborted),
             503 when the engine is not running.
     """
-    streams: List[RequestStream] = []
+    def engine_prompt(p: Prompt) -> dict:
+        prompt = {"prompt_token_ids": p.token_ids}
+        if p.text is not None:
+            prompt["prompt"] = p.text
+        return prompt
+
+    ids = [f"{base_id}-{i}" for i in range(len(prompts))]
+    # All prompts are posted at once (the engine thread takes them in one step), then awaited.
     try:
-        for p in prompts:
-            prompt = {"prompt_token_ids": p.token_ids}
-            if p.text is not None:
-                prompt["prompt"] = p.text
-            streams.append(await state.engine.add_request(f"{base_id}-{len(streams)}", prompt,
-                                                          params, arrival_time=arrival_time))
-    except ValueError as e:
-        abort_all(state, streams)
-        where = f"prompt {len(streams)}: " if len(prompts) > 1 else ""
-        raise bad_request(where + _strip_request_id(str(e)), "prompt") from None
-    except EngineDeadError as e:
-        abort_all(state, streams)
-        raise OpenAIError(503, f"the engine is not running ({e})") from None
-    except BaseException:
-        abort_all(state, streams)
+        results = await asyncio.gather(
+            *(state.engine.add_request(rid, engine_prompt(p), params, arrival_time=arrival_time)
+              for rid, p in zip(ids, prompts)),
+            return_exceptions=True)
+    except BaseException:  # cancelled (the client left): none of them may stay behind
+        for rid in ids:
+            state.engine.abort(rid)
         raise
-    return streams
+    streams = [r for r in results if isinstance(r, RequestStream)]
+    failed = [(i, r) for i, r in enumerate(results) if not isinstance(r, RequestStream)]
+    if not failed:
+        return streams
+    abort_all(state, streams)
+    i, e = failed[0]
+    if isinstance(e, ValueError):
+        where = f"prompt {i}: " if len(prompts) > 1 else ""
+        raise bad_request(where + without_request_id(str(e)), "prompt") from None
+    if isinstance(e, EngineDeadError):
+        raise OpenAIError(503, f"the engine is not running ({e})") from None
+    raise e
 
 
 def abort_all(state: ServerState, streams: List[RequestStream]) -> None:
@@ -152,13 +163,6 @@ async def _disconnected(raw: Request) -> None:
         message = await raw.receive()
         if message["type"] == "http.disconnect":
             return
-
-
-def _strip_request_id(message: str) -> str:
-    # The engine prefixes "request <id>: "; the id is internal.
-    if message.startswith("request ") and ": " in message:
-        return message.split(": ", 1)[1]
-    return message
 
 
 def now() -> float:
