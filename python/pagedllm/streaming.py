@@ -23,7 +23,8 @@ class Delta:
         text: the new text.
         token_ids: the new token ids.
         logprobs: per new token, its logprobs (None unless requested).
-        text_offset: offset of `text` in the choice's whole text.
+        text_offset: offset of the first new token's text in the choice's whole text (for
+            logprobs; past the end of what was sent while characters are held back).
         finish_reason: set on the last delta of the choice.
         stop_reason: the stop string / token id that ended it, if any.
     """
@@ -47,6 +48,7 @@ class ChoiceTracker:
         self.holdback = holdback
         self.text_sent = 0
         self.tokens_sent = 0
+        self.tokens_text_end = 0  # length of the choice's text when tokens_sent were sent
         self.done = False
 
     def advance(self, comp: CompletionOutput) -> Optional[Delta]:
@@ -65,9 +67,10 @@ class ChoiceTracker:
             return None
         token_ids = list(comp.token_ids[self.tokens_sent:])
         logprobs = comp.logprobs[self.tokens_sent:] if comp.logprobs is not None else None
-        delta = Delta(new_text, token_ids, logprobs, self.text_sent,
+        delta = Delta(new_text, token_ids, logprobs, self.tokens_text_end,
                       comp.finish_reason, comp.stop_reason)
         self.text_sent += len(new_text)
+        self.tokens_text_end = len(text)
         self.tokens_sent = len(comp.token_ids)
         self.done = finished
         return delta

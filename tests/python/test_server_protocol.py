@@ -47,7 +47,9 @@ def test_stop_string_prefix_is_held_back_and_never_sent():
 def test_holdback_releases_text_that_cannot_start_a_stop():
     t = ChoiceTracker(holdback_for(["\n\n", "###"]))   # holds 2 characters back
     assert t.advance(comp("abcdef", 3)).text == "abcd"
-    assert t.advance(comp("abcdefg", 4)).text == "e"
+    d = t.advance(comp("abcdefg", 4))
+    # "e" was held back; the new token's text "g" starts at 6 (its logprobs' text_offset)
+    assert (d.text, d.token_ids, d.text_offset) == ("e", [3], 6)
     assert t.advance(comp("abcdefg", 4, "length")).text == "fg"
 
 
