@@ -100,13 +100,11 @@ class OutputProcessor:
         ranks = (lp > chosen.unsqueeze(1)).sum(dim=1) + 1
         top_vals, top_ids = (torch.topk(lp, min(k, lp.shape[1]), dim=-1) if k > 0
                              else (None, None))
+        tids, lps, rks = targets.tolist(), chosen.tolist(), ranks.tolist()
         for i in range(end - start):
-            pos = {int(targets[i]): Logprob(float(chosen[i]), int(ranks[i]),
-                                            self._decode(int(targets[i])))}
-            if k > 0:
-                for r, (tid, val) in enumerate(zip(top_ids[i].tolist(), top_vals[i].tolist())):
-                    pos.setdefault(tid, Logprob(val, r + 1, self._decode(tid)))
-            req.prompt_logprobs.append(pos)
+            top = list(zip(top_ids[i].tolist(), top_vals[i].tolist())) if k > 0 else None
+            req.prompt_logprobs.append(
+                self._position_logprobs(SampleResult(tids[i], lps[i], rks[i], top)))
 
     def _position_logprobs(self, r: SampleResult) -> PositionLogprobs:
         pos: PositionLogprobs = {r.token_id: Logprob(r.logprob, r.rank, self._decode(r.token_id))}

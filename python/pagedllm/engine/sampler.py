@@ -92,21 +92,26 @@ class Sampler:
             r = torch.as_tensor(rand, dtype=torch.long)
             tokens[r] = self._random(x.index_select(0, r), [targets[i] for i in rand])
 
+        token_list = tokens.tolist()
+        if raw_lp is None:
+            return [SampleResult(tok) for tok in token_list]
+        # Every row at once: the sampled token's logprob and rank, one top-k of the largest k.
+        chosen = raw_lp.gather(1, tokens.unsqueeze(1))                      # [S, 1]
+        lps = chosen.squeeze(1).tolist()
+        ranks = ((raw_lp > chosen).sum(dim=1) + 1).tolist()
+        k_max = min(max(t.params.logprobs or 0 for t in targets), raw_lp.shape[1])
+        top_ids = top_vals = None
+        if k_max > 0:
+            vals, idx = torch.topk(raw_lp, k_max, dim=-1)
+            top_ids, top_vals = idx.tolist(), vals.tolist()
         results = []
         for i, t in enumerate(targets):
-            tok = int(tokens[i])
             if not need_lp[i]:
-                results.append(SampleResult(tok))
+                results.append(SampleResult(token_list[i]))
                 continue
-            lp_row = raw_lp[i]
-            lp = float(lp_row[tok])
-            rank = int((lp_row > lp_row[tok]).sum()) + 1
-            top = None
             k = t.params.logprobs or 0
-            if t.params.logprobs is not None and k > 0:
-                vals, idx = torch.topk(lp_row, min(k, lp_row.shape[0]))
-                top = list(zip(idx.tolist(), vals.tolist()))
-            results.append(SampleResult(tok, lp, rank, top))
+            top = list(zip(top_ids[i][:k], top_vals[i][:k])) if k > 0 else None
+            results.append(SampleResult(token_list[i], lps[i], ranks[i], top))
         return results
 
     # --- logits processing --------------------------------------------------------------------
