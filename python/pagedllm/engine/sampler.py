@@ -131,10 +131,7 @@ class Sampler:
             counts = torch.bincount(out_ids, minlength=vocab).to(x.dtype)  # [vocab]
             row = x[i]
             if p.repetition_penalty != 1.0:
-                seen = counts > 0
-                prompt_ids = torch.as_tensor(seq.token_ids[: seq.num_prompt_tokens], dtype=torch.long)
-                prompt_ids = prompt_ids[(prompt_ids >= 0) & (prompt_ids < vocab)]
-                seen[prompt_ids] = True
+                seen = (counts > 0) | _prompt_mask(seq.request, vocab)
                 row[seen] = torch.where(row[seen] > 0, row[seen] / p.repetition_penalty,
                                         row[seen] * p.repetition_penalty)
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
@@ -186,3 +183,13 @@ class Sampler:
             if t.seq.generator is not None:
                 q[i].exponential_(generator=t.seq.generator)
         return (probs / q).argmax(dim=-1)
+
+
+def _prompt_mask(req, vocab: int) -> torch.Tensor:
+    """[vocab] bool: the tokens of req's prompt (made once per request, not per step)."""
+    if req.prompt_token_mask is None or req.prompt_token_mask.shape[0] != vocab:
+        ids = torch.as_tensor(req.prompt_token_ids, dtype=torch.long)
+        mask = torch.zeros(vocab, dtype=torch.bool)
+        mask[ids[(ids >= 0) & (ids < vocab)]] = True
+        req.prompt_token_mask = mask
+    return req.prompt_token_mask

@@ -117,6 +117,7 @@ class Request:
         self.finish_time: Optional[float] = None
         self.beam: Any = None  # BeamSearchState for beam-search requests
         self.forked = False
+        self.prompt_token_mask: Any = None  # [vocab] bool, made once by the sampler if needed
         self.prompt_logprobs: Optional[list] = [None] if params.prompt_logprobs is not None else None
         self.seqs: List[Sequence] = [Sequence(self, 0, prompt_token_ids, self.make_generator(0))]
 
