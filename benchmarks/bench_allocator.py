@@ -6,7 +6,7 @@ Measures:
 - one batched decode append (KVCacheManager.append_batch) for 256 running sequences through the
   bindings, and the block-table export that follows it, in microseconds per call.
 
-Usage: python -m benchmarks.bench_allocator [--repeats N]
+Usage: python -m benchmarks.bench_allocator [--pairs N]
 """
 
 from __future__ import annotations

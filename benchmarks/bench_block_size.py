@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from benchmarks.common import checkpoint, write_results
 from benchmarks.engines import PagedEngine, ample_blocks
-from benchmarks.workloads import BenchRequest, describe, mixed_workload
+from benchmarks.workloads import MIXED, QUICK_MIXED, BenchRequest, describe, mixed_workload
 
 
 def seed_rule(mean_seq_len: float) -> int:
@@ -45,9 +45,7 @@ class BlockSizeConfig:
     """
 
     model: str = "tiny"
-    mixed: dict = field(default_factory=lambda: dict(
-        n=100, prompt_mean=128, prompt_sigma=0.8, output_mean=64, output_sigma=0.8,
-        max_prompt=1024, max_output=512))
+    mixed: dict = field(default_factory=lambda: dict(MIXED, n=100))
     block_sizes: Tuple[int, ...] = (8, 16, 32, 64, 128, 256)
     budget_tokens: Optional[int] = 16384
     repeats: int = 2
@@ -55,8 +53,7 @@ class BlockSizeConfig:
 
     @classmethod
     def quick(cls) -> "BlockSizeConfig":
-        return cls(mixed=dict(n=16, prompt_mean=48, prompt_sigma=0.8, output_mean=16,
-                              output_sigma=0.8, max_prompt=256, max_output=64),
+        return cls(mixed=dict(QUICK_MIXED, n=16),
                    block_sizes=(8, 16, 64), budget_tokens=2048, repeats=1)
 
 

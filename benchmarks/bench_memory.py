@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from benchmarks.common import checkpoint, write_results
 from benchmarks.engines import PagedEngine, ample_blocks
-from benchmarks.workloads import BenchRequest, describe, mixed_workload
+from benchmarks.workloads import MIXED, QUICK_MIXED, BenchRequest, describe, mixed_workload
 
 
 @dataclass
@@ -48,9 +48,7 @@ class MemoryConfig:
     """
 
     model: str = "tiny"
-    mixed: dict = field(default_factory=lambda: dict(
-        n=200, prompt_mean=128, prompt_sigma=0.8, output_mean=64, output_sigma=0.8,
-        max_prompt=1024, max_output=512))
+    mixed: dict = field(default_factory=lambda: dict(MIXED, n=200))
     block_size: int = 16
     max_model_len: int = 2048
     budget_tokens: int = 16384
@@ -59,8 +57,7 @@ class MemoryConfig:
 
     @classmethod
     def quick(cls) -> "MemoryConfig":
-        return cls(mixed=dict(n=24, prompt_mean=48, prompt_sigma=0.8, output_mean=16,
-                              output_sigma=0.8, max_prompt=256, max_output=64),
+        return cls(mixed=dict(QUICK_MIXED, n=24),
                    max_model_len=512, budget_tokens=2048)
 
 

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from benchmarks.common import checkpoint, write_results
 from benchmarks.engines import PagedEngine
-from benchmarks.workloads import mixed_workload, uniform_workload
+from benchmarks.workloads import MIXED, QUICK_MIXED, mixed_workload, uniform_workload
 
 # (bucket, predicate on (file, function name)); the first match wins.
 BUCKETS = (
@@ -51,17 +51,13 @@ class ProfileConfig:
     """
 
     model: str = "small"
-    mixed: dict = field(default_factory=lambda: dict(
-        n=24, prompt_mean=128, prompt_sigma=0.8, output_mean=64, output_sigma=0.8,
-        max_prompt=1024, max_output=512))
+    mixed: dict = field(default_factory=lambda: dict(MIXED, n=24))
     uniform: Tuple[int, int, int] = (16, 128, 64)
     num_threads: Optional[int] = None
 
     @classmethod
     def quick(cls) -> "ProfileConfig":
-        return cls(model="tiny", mixed=dict(n=8, prompt_mean=48, prompt_sigma=0.8,
-                                            output_mean=16, output_sigma=0.8,
-                                            max_prompt=256, max_output=64),
+        return cls(model="tiny", mixed=dict(QUICK_MIXED, n=8),
                    uniform=(4, 32, 16))
 
 

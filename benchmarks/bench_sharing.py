@@ -26,7 +26,8 @@ from tqdm.auto import tqdm
 
 from benchmarks.common import checkpoint, write_results
 from benchmarks.engines import PagedEngine, RunResult, ample_blocks
-from benchmarks.workloads import BenchRequest, describe, mixed_workload, shared_prefix_workload
+from benchmarks.workloads import (MIXED, QUICK_MIXED, BenchRequest,
+                                  describe, mixed_workload, shared_prefix_workload)
 
 
 @dataclass
@@ -45,9 +46,7 @@ class SharingConfig:
     """
 
     fork_model: str = "tiny"
-    fork_workload: dict = field(default_factory=lambda: dict(
-        n=16, prompt_mean=128, prompt_sigma=0.8, output_mean=64, output_sigma=0.8,
-        max_prompt=1024, max_output=512))
+    fork_workload: dict = field(default_factory=lambda: dict(MIXED, n=16))
     widths: Tuple[int, ...] = (2, 4, 6)
     prefix_model: str = "small"
     prefix: dict = field(default_factory=lambda: dict(
@@ -58,8 +57,7 @@ class SharingConfig:
 
     @classmethod
     def quick(cls) -> "SharingConfig":
-        return cls(fork_workload=dict(n=6, prompt_mean=48, prompt_sigma=0.8, output_mean=16,
-                                      output_sigma=0.8, max_prompt=256, max_output=64),
+        return cls(fork_workload=dict(QUICK_MIXED, n=6),
                    widths=(2,), prefix_model="tiny",
                    prefix=dict(n=8, prefix_len=64, suffix_mean=8, output_len=8), repeats=1)
 

