@@ -120,9 +120,8 @@ void copy_blocks(py::sequence caches, py::handle block_mapping, std::optional<ui
   PAGEDLLM_CHECK_ARG(m.size(1) == 2 && m.dtype() == DType::kInt64,
                      "a CUDA block_mapping must be int64 [num_pairs, 2], got " << m.describe());
   m.require_inner_contiguous(0);
-  PAGEDLLM_CHECK_ARG(m.size(0) <= INT32_MAX, "too many block pairs");
   p.pairs = static_cast<const int64_t*>(m.data());
-  p.num_pairs = static_cast<int32_t>(m.size(0));
+  p.num_pairs = python::to_i32(m.size(0), "num_pairs");
   py::gil_scoped_release release;
   cu::DeviceScope scope(call.device());
   cu::copy_blocks_device_pairs(p, s);

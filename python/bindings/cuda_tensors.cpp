@@ -41,25 +41,24 @@ const Tensor& CudaCall::gpu(py::handle obj, const char* name) {
                                       << "; pagedllm._core.cuda takes CUDA tensors (use "
                                          "pagedllm._core for CPU tensors, or pagedllm.ops to "
                                          "choose by device)");
-  if (device_ < 0) device_ = p.id;
-  PAGEDLLM_CHECK_ARG(p.id == device_, name << " is on cuda:" << p.id
-                                           << " but the call's other tensors are on cuda:"
-                                           << device_);
-  tensors_.emplace_back(obj, name);
-  return tensors_.back();
+  return borrow(obj, name, p);
 }
 
 const Tensor& CudaCall::any(py::handle obj, const char* name, Placement* where) {
   const Placement p = placement_of(obj, name);
   PAGEDLLM_CHECK_ARG(p.on_gpu() || p.on_host(),
                      name << " is on " << placement_name(p) << "; expected CUDA or CPU memory");
+  *where = p;
+  return borrow(obj, name, p);
+}
+
+const Tensor& CudaCall::borrow(py::handle obj, const char* name, const Placement& p) {
   if (p.on_gpu()) {
     if (device_ < 0) device_ = p.id;
     PAGEDLLM_CHECK_ARG(p.id == device_, name << " is on cuda:" << p.id
                                              << " but the call's other tensors are on cuda:"
                                              << device_);
   }
-  *where = p;
   tensors_.emplace_back(obj, name);
   return tensors_.back();
 }

@@ -41,6 +41,9 @@ class CudaCall {
   int device() const { return device_; }
 
  private:
+  // Checks a CUDA tensor against the call's device (the first one sets it), then borrows it.
+  const Tensor& borrow(pybind11::handle obj, const char* name, const Placement& p);
+
   std::deque<Tensor> tensors_;  // deque: references stay valid as it grows
   int device_ = -1;
 };

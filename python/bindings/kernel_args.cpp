@@ -129,7 +129,7 @@ void check_index_1d(const Tensor& t, int64_t n, bool on_cpu) {
   t.require_inner_contiguous(0);
 }
 
-// Fills the shared part of decode / prefill params.
+// reshape_and_cache's params (see kernel_args.h).
 k::ReshapeAndCacheParams reshape_and_cache_params(const Tensor& kt, const Tensor& vt,
                                                   const Tensor& kc, const Tensor& vc,
                                                   const Tensor& slots,
