@@ -111,7 +111,6 @@ class OrderedPrinter:
         self.units = [(i, j) for i in range(len(prompts)) for j in range(n)]
         self.trackers = {u: ChoiceTracker(holdback) for u in self.units}
         self.pending = {u: "" for u in self.units}   # text received but not printed yet
-        self.done = {u: False for u in self.units}
         self.head = 0
         self._header()
 
@@ -122,7 +121,6 @@ class OrderedPrinter:
             delta = self.trackers[unit].advance(comp)
             if delta is not None:
                 self.pending[unit] += delta.text
-                self.done[unit] = delta.finish_reason is not None
         self._flush()
 
     def _header(self) -> None:
@@ -143,7 +141,7 @@ class OrderedPrinter:
             if self.pending[unit]:
                 self.out.write(self.pending[unit])
                 self.pending[unit] = ""
-            if not self.done[unit]:
+            if not self.trackers[unit].done:
                 break
             self.out.write("\n")
             self.head += 1

@@ -4,6 +4,7 @@ n choices, answered whole or as server-sent events."""
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from typing import AsyncIterator, Dict, List, Optional
 
 from fastapi import Request
@@ -88,7 +89,7 @@ def _response(state: ServerState, req: ChatCompletionRequest, request_id: str, p
 async def _stream(state: ServerState, req: ChatCompletionRequest, request_id: str,
                   prompt: Prompt, streams, holdback: int) -> AsyncIterator[str]:
     created = int(time.time())
-    trackers: Dict[int, ChoiceTracker] = {}
+    trackers: Dict[int, ChoiceTracker] = defaultdict(lambda: ChoiceTracker(holdback))
     tokens: Dict[int, int] = {}
 
     def chunk(choice: Optional[ChatStreamChoice], usage: Optional[UsageInfo] = None) -> str:
@@ -101,7 +102,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, request_id: st
             yield chunk(ChatStreamChoice(index=j, delta=DeltaMessage(role="assistant", content="")))
         async for _, out in merge(streams):
             for comp in out.outputs:
-                tracker = trackers.setdefault(comp.index, ChoiceTracker(holdback))
+                tracker = trackers[comp.index]
                 tokens[comp.index] = len(comp.token_ids)
                 d = tracker.advance(comp)
                 if d is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from typing import AsyncIterator, Dict, List, Optional, Tuple
 
 from fastapi import Request
@@ -95,7 +96,8 @@ def _response(state: ServerState, req: CompletionRequest, request_id: str,
 async def _stream(state: ServerState, req: CompletionRequest, request_id: str,
                   prompts: List[Prompt], streams, holdback: int) -> AsyncIterator[str]:
     created = int(time.time())
-    trackers: Dict[Tuple[int, int], ChoiceTracker] = {}
+    trackers: Dict[Tuple[int, int], ChoiceTracker] = defaultdict(
+        lambda: ChoiceTracker(holdback))
     tokens: Dict[Tuple[int, int], int] = {}
 
     def chunk(choice: Optional[CompletionChoice], usage: Optional[UsageInfo] = None) -> str:
@@ -111,7 +113,7 @@ async def _stream(state: ServerState, req: CompletionRequest, request_id: str,
         async for i, out in merge(streams):
             for comp in out.outputs:
                 key = (i, comp.index)
-                tracker = trackers.setdefault(key, ChoiceTracker(holdback))
+                tracker = trackers[key]
                 tokens[key] = len(comp.token_ids)
                 d = tracker.advance(comp)
                 if d is None:
