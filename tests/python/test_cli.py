@@ -224,3 +224,11 @@ def test_monitor_against_a_busy_server(capsys):
             assert re.search(r"generation\s+[\d.]+/s", out)  # a rate from two snapshots
     code, _, err = run_cli(capsys, "monitor", "--url", s.url, "--once")
     assert code == 1 and "cannot reach" in err
+
+
+@pytest.mark.parametrize("argv,match", [(["--request-rate", "0"], "--request-rate must be > 0"),
+                                        (["--input-len-spread", "-1"], "--input-len-spread must be")])
+def test_bench_flags_are_checked_before_the_model_loads(capsys, tmp_path, argv, match):
+    # A model directory that does not exist: the flag error must come first.
+    code, out, err = run_cli(capsys, "bench", "--model", tmp_path / "missing", *argv)
+    assert code == 2 and re.search(match, err), err

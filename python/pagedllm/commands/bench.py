@@ -56,27 +56,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_args(p)
 
 
+def _check_workload_flags(args) -> None:
+    """Raises UsageError on a bad workload flag (before the model is loaded)."""
+    for flag in ("input_len_spread", "output_len_spread"):
+        if getattr(args, flag) < 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 0")
+    if not args.request_rate > 0:
+        raise UsageError(f"--request-rate must be > 0, got {args.request_rate}")
+
+
 def _workload(args, engine) -> List[BenchRequest]:
     if args.file:
         reqs = from_file(args.file, args.output_len)
     else:
-        for flag in ("input_len_spread", "output_len_spread"):
-            if getattr(args, flag) < 0:
-                raise UsageError(f"--{flag.replace('_', '-')} must be >= 0")
         vocab = engine.model_config.vocab_size
         avoid = set(engine.eos_token_ids)
         if engine.tokenizer is not None and engine.tokenizer.bos_token_id is not None:
             avoid.add(engine.tokenizer.bos_token_id)
         reqs = synthetic(args.num_prompts, args.input_len, args.output_len, args.input_len_spread,
                          args.output_len_spread, vocab, avoid, engine.config.seed)
-    if not args.request_rate > 0:
-        raise UsageError(f"--request-rate must be > 0, got {args.request_rate}")
     assign_arrivals(reqs, args.request_rate, engine.config.seed)
     return reqs
 
 
 def run(args: argparse.Namespace) -> int:
     config = engine_config(args)
+    _check_workload_flags(args)
     from tqdm.auto import tqdm
 
     from pagedllm.sampling_params import SamplingParams
