@@ -37,15 +37,18 @@ const KVCacheManager::SeqState& KVCacheManager::state(SeqId seq) const {
 }
 
 uint64_t KVCacheManager::match_prefix(const TokenId* prompt, int32_t n, uint64_t extra_key,
-                                      std::vector<BlockId>& hits) const {
+                                      std::vector<BlockId>& hits, const uint64_t* hashes,
+                                      int32_t num_hashes, int32_t max_blocks) const {
   hits.clear();
   uint64_t parent_hash = PrefixCache::kRootHash;
   if (!enable_prefix_caching_ || n < 1) return parent_hash;
   BlockId parent = kNoBlock;
-  const int32_t max_blocks = (n - 1) / block_size_;  // the last prompt token is recomputed
-  for (int32_t i = 0; i < max_blocks; ++i) {
+  int32_t limit = (n - 1) / block_size_;  // the last prompt token is recomputed
+  if (max_blocks >= 0) limit = std::min(limit, max_blocks);
+  for (int32_t i = 0; i < limit; ++i) {
     const TokenId* block_tokens = prompt + static_cast<int64_t>(i) * block_size_;
-    const uint64_t h = cache_.block_hash(parent_hash, block_tokens, extra_key);
+    const uint64_t h = i < num_hashes ? hashes[i]
+                                      : cache_.block_hash(parent_hash, block_tokens, extra_key);
     const auto hit = cache_.lookup(h, parent, block_tokens, extra_key);
     if (!hit) break;
     hits.push_back(*hit);
@@ -53,6 +56,89 @@ uint64_t KVCacheManager::match_prefix(const TokenId* prompt, int32_t n, uint64_t
     parent_hash = h;
   }
   return parent_hash;
+}
+
+KVCacheManager::SeqState& KVCacheManager::register_seq(SeqId seq, uint64_t extra_key,
+                                                       uint64_t last_hash,
+                                                       const std::vector<BlockId>& hits,
+                                                       int32_t num_query_tokens) {
+  auto [it, inserted] = seqs_.emplace(seq, SeqState(block_size_));
+  PAGEDLLM_ASSERT(inserted);
+  SeqState& s = it->second;
+  s.extra_key = extra_key;
+  s.last_hash = last_hash;
+  for (BlockId b : hits) {
+    if (cache_.is_parked(b)) {
+      cache_.unpark(b);
+      tokens_stored_ += fill_[static_cast<size_t>(b)];
+    }
+    allocator_.incref(b);
+    s.table.append_block(b);
+  }
+  s.num_tokens = static_cast<int32_t>(hits.size()) * block_size_;
+  if (enable_prefix_caching_) {
+    queries_ += num_query_tokens;
+    hits_ += s.num_tokens;
+  }
+  note_usage();
+  return s;
+}
+
+void KVCacheManager::block_hashes(const TokenId* tokens, int32_t n, uint64_t extra_key,
+                                  std::vector<uint64_t>& out) const {
+  PAGEDLLM_CHECK_ARG(n >= 0, "block_hashes: n must be >= 0, got " << n);
+  const int32_t full = n / block_size_;
+  out.resize(static_cast<size_t>(full));
+  uint64_t h = PrefixCache::kRootHash;
+  for (int32_t i = 0; i < full; ++i) {
+    h = cache_.block_hash(h, tokens + static_cast<int64_t>(i) * block_size_, extra_key);
+    out[static_cast<size_t>(i)] = h;
+  }
+}
+
+std::pair<int32_t, int32_t> KVCacheManager::query_admission(
+    const TokenId* tokens, int32_t n, const uint64_t* hashes, int32_t num_hashes,
+    uint64_t extra_key, int32_t max_cached_tokens, int32_t want_new_tokens) const {
+  PAGEDLLM_CHECK_ARG(n >= 1, "query_admission: a sequence needs at least 1 token, got " << n);
+  PAGEDLLM_CHECK_ARG(want_new_tokens >= 0, "query_admission: want_new_tokens must be >= 0, got "
+                                               << want_new_tokens);
+  std::vector<BlockId> hits;
+  match_prefix(tokens, n, extra_key, hits, hashes, num_hashes,
+               std::max(max_cached_tokens, 0) / block_size_);
+  int32_t parked_hits = 0;
+  for (BlockId b : hits) parked_hits += cache_.is_parked(b) ? 1 : 0;
+  const int32_t num_hits = static_cast<int32_t>(hits.size());
+  const int32_t cached = num_hits * block_size_;
+  const int64_t spare = int64_t{num_available_blocks()} - parked_hits - watermark_blocks_;
+  int64_t fit = spare * block_size_;  // new tokens fit in fresh blocks (cached ends on a boundary)
+  fit = std::max<int64_t>(fit, 0);
+  const int64_t room = std::min<int64_t>(int64_t{n} - cached, want_new_tokens);
+  return {cached, static_cast<int32_t>(std::min(fit, room))};
+}
+
+int32_t KVCacheManager::admit(SeqId seq, const TokenId* tokens, int32_t n, const uint64_t* hashes,
+                              int32_t num_hashes, uint64_t extra_key, int32_t max_cached_tokens,
+                              int32_t num_new_tokens, Slot* slots_out,
+                              std::vector<CowPair>& cow_out) {
+  PAGEDLLM_CHECK_ARG(n >= 1, "admit: a sequence needs at least 1 token, got " << n);
+  PAGEDLLM_CHECK_ARG(num_new_tokens >= 0, "admit: num_new_tokens must be >= 0, got "
+                                              << num_new_tokens);
+  PAGEDLLM_CHECK_STATE(!contains(seq), "admit: sequence " << seq << " is already allocated");
+  std::vector<BlockId> hits;
+  const uint64_t last_hash = match_prefix(tokens, n, extra_key, hits, hashes, num_hashes,
+                                          std::max(max_cached_tokens, 0) / block_size_);
+  const int32_t num_hits = static_cast<int32_t>(hits.size());
+  const int32_t cached = num_hits * block_size_;
+  PAGEDLLM_CHECK_ARG(int64_t{cached} + num_new_tokens <= n,
+                     "admit: " << num_new_tokens << " new tokens after a cached prefix of "
+                               << cached << " exceed the sequence's " << n << " tokens");
+  int32_t parked_hits = 0;
+  for (BlockId b : hits) parked_hits += cache_.is_parked(b) ? 1 : 0;
+  const int32_t needed = blocks_for_tokens(int64_t{cached} + num_new_tokens, block_size_) - num_hits;
+  if (int64_t{needed} > int64_t{num_available_blocks()} - parked_hits) return -1;
+  SeqState& s = register_seq(seq, extra_key, last_hash, hits, n);
+  append_one_seq(s, tokens + cached, num_new_tokens, slots_out, cow_out);
+  return cached;
 }
 
 int32_t KVCacheManager::num_cached_tokens(const TokenId* prompt, int32_t n,
@@ -82,26 +168,7 @@ int32_t KVCacheManager::allocate(SeqId seq, const TokenId* prompt, int32_t n, ui
   PAGEDLLM_CHECK_STATE(!contains(seq), "allocate: sequence " << seq << " is already allocated");
   std::vector<BlockId> hits;
   const uint64_t last_hash = match_prefix(prompt, n, extra_key, hits);
-  auto [it, inserted] = seqs_.emplace(seq, SeqState(block_size_));
-  PAGEDLLM_ASSERT(inserted);
-  SeqState& s = it->second;
-  s.extra_key = extra_key;
-  s.last_hash = last_hash;
-  for (BlockId b : hits) {
-    if (cache_.is_parked(b)) {
-      cache_.unpark(b);
-      tokens_stored_ += fill_[static_cast<size_t>(b)];
-    }
-    allocator_.incref(b);
-    s.table.append_block(b);
-  }
-  s.num_tokens = static_cast<int32_t>(hits.size()) * block_size_;
-  if (enable_prefix_caching_) {
-    queries_ += n;
-    hits_ += s.num_tokens;
-  }
-  note_usage();
-  return s.num_tokens;
+  return register_seq(seq, extra_key, last_hash, hits, n).num_tokens;
 }
 
 int32_t KVCacheManager::blocks_needed(SeqId seq, int32_t n) const {

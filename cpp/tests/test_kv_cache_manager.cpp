@@ -207,5 +207,47 @@ TEST(KVCacheManager, EverythingReturnsAfterFree) {
   EXPECT_EQ(st.num_seqs, 0);
 }
 
+// The hashed admission path (one ask, one do) agrees with allocate + append.
+TEST(KVCacheManager, HashedAdmissionMatchesAllocateAppend) {
+  KVCacheManager m(10, 4, true, 1);
+  const auto t = iota_tokens(14);
+  std::vector<uint64_t> h;
+  m.block_hashes(t.data(), 14, 0, h);
+  ASSERT_EQ(h.size(), 3u);
+  // Nothing cached: 9 spare blocks (10 - watermark 1) would hold 36 tokens; 14 wanted.
+  auto q = m.query_admission(t.data(), 14, h.data(), 3, 0, 1 << 30, 14);
+  EXPECT_EQ(q, (std::pair<int32_t, int32_t>{0, 14}));
+  std::vector<Slot> slots(14);
+  std::vector<CowPair> cow;
+  EXPECT_EQ(m.admit(1, t.data(), 14, h.data(), 3, 0, 1 << 30, 14, slots.data(), cow), 0);
+  EXPECT_EQ(m.num_tokens(1), 14);
+  m.free(1);
+  // Its three full blocks are parked: the last prompt token is recomputed (at most 12 cached).
+  q = m.query_admission(t.data(), 14, h.data(), 3, 0, 1 << 30, 14);
+  EXPECT_EQ(q.first, 12);
+  EXPECT_EQ(q.second, 2);
+  // max_cached_tokens caps the prefix (prompt logprobs: 0; a swap-in: the computed tokens).
+  EXPECT_EQ(m.query_admission(t.data(), 14, h.data(), 3, 0, 5, 14).first, 4);
+  EXPECT_EQ(m.query_admission(t.data(), 14, h.data(), 0, 0, 0, 14).first, 0);
+  // Hashes past the given ones are computed: the same hit without any.
+  EXPECT_EQ(m.query_admission(t.data(), 14, nullptr, 0, 0, 1 << 30, 14).first, 12);
+  EXPECT_EQ(m.admit(2, t.data(), 14, h.data(), 3, 0, 1 << 30, 2, slots.data(), cow), 12);
+  EXPECT_EQ(m.num_tokens(2), 14);
+  EXPECT_THROW(m.admit(2, t.data(), 14, h.data(), 3, 0, 0, 1, slots.data(), cow), Error);
+  EXPECT_THROW(m.admit(3, t.data(), 14, h.data(), 3, 0, 0, 15, slots.data(), cow), Error);
+}
+
+TEST(KVCacheManager, AdmitOutOfBlocksChangesNothing) {
+  KVCacheManager m(4, 4);
+  const auto t = iota_tokens(20);
+  std::vector<Slot> slots(20);
+  std::vector<CowPair> cow;
+  const auto q = m.query_admission(t.data(), 20, nullptr, 0, 0, 0, 20);
+  EXPECT_EQ(q.second, 16);  // four blocks of four
+  EXPECT_EQ(m.admit(1, t.data(), 20, nullptr, 0, 0, 0, 20, slots.data(), cow), -1);
+  EXPECT_FALSE(m.contains(1));
+  EXPECT_EQ(m.stats().free_blocks, 4);
+}
+
 }  // namespace
 }  // namespace pagedllm

@@ -18,6 +18,7 @@ namespace {
 
 using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using U64Array = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
 
 // Checks that `a` is one-dimensional and returns its length.
 int32_t length_1d(const py::array& a, const char* name) {
@@ -156,6 +157,52 @@ void bind_manager(py::module_& m) {
           },
           py::arg("seq_id"), py::arg("prompt"), py::arg("extra_key") = 0,
           "Admits seq_id with its cached prefix blocks; returns the number of cached tokens.")
+      .def(
+          "block_hashes",
+          [](const KVCacheManager& k, I32Array tokens, uint64_t extra_key) {
+            std::vector<uint64_t> h;
+            k.block_hashes(tokens.data(), length_1d(tokens, "tokens"), extra_key, h);
+            py::array_t<uint64_t> out(static_cast<py::ssize_t>(h.size()));
+            std::copy(h.begin(), h.end(), out.mutable_data());
+            return out;
+          },
+          py::arg("tokens"), py::arg("extra_key") = 0,
+          "Chained hashes (uint64[len(tokens) // block_size]) of the full blocks of `tokens`: "
+          "compute once per prompt, pass to query_admission/admit.")
+      .def(
+          "query_admission",
+          [](const KVCacheManager& k, I32Array tokens, U64Array hashes, uint64_t extra_key,
+             int32_t max_cached_tokens, int32_t want_new_tokens) {
+            const auto r = k.query_admission(tokens.data(), length_1d(tokens, "tokens"),
+                                             hashes.data(), length_1d(hashes, "hashes"),
+                                             extra_key, max_cached_tokens, want_new_tokens);
+            return py::make_tuple(r.first, r.second);
+          },
+          py::arg("tokens"), py::arg("hashes"), py::arg("extra_key"),
+          py::arg("max_cached_tokens"), py::arg("want_new_tokens"),
+          "The ask: (cached prefix tokens, most new tokens admit() could reserve now keeping "
+          "the watermark free). No side effects.")
+      .def(
+          "admit",
+          [](KVCacheManager& k, SeqId seq, I32Array tokens, U64Array hashes, uint64_t extra_key,
+             int32_t max_cached_tokens, int32_t num_new_tokens) -> py::object {
+            PAGEDLLM_CHECK_ARG(num_new_tokens >= 0, "admit: num_new_tokens must be >= 0, got "
+                                                        << num_new_tokens);
+            py::array_t<int64_t> slots(num_new_tokens);
+            std::vector<CowPair> cow;
+            const int32_t cached =
+                k.admit(seq, tokens.data(), length_1d(tokens, "tokens"), hashes.data(),
+                        length_1d(hashes, "hashes"), extra_key, max_cached_tokens,
+                        num_new_tokens, slots.mutable_data(), cow);
+            if (cached < 0) return py::none();
+            py::tuple r = append_result(std::move(slots), cow);
+            return py::make_tuple(cached, r[0], r[1]);
+          },
+          py::arg("seq_id"), py::arg("tokens"), py::arg("hashes"), py::arg("extra_key"),
+          py::arg("max_cached_tokens"), py::arg("num_new_tokens"),
+          "The do: registers seq_id with its cached prefix and reserves slots for the next "
+          "num_new_tokens tokens; returns (cached, slots int64[n], cow int32[k, 2]) or None "
+          "when out of blocks (nothing changed).")
       .def("blocks_needed", &KVCacheManager::blocks_needed, py::arg("seq_id"), py::arg("n"))
       .def("can_append", &KVCacheManager::can_append, py::arg("seq_id"), py::arg("n"))
       .def(

@@ -10,11 +10,16 @@ extend::
       memory_bytes: 2147483648    # or num_blocks: 4096
       enable_prefix_caching: true
       watermark: 0.01
+      swap_space: 4               # GiB of host memory for blocks swapped out (preemption: swap)
     scheduler:
       max_num_seqs: 256
       max_num_batched_tokens: 2048
       max_model_len: null
+      preemption_mode: recompute  # recompute | swap
     runtime:
+      device: auto                # auto | cpu | cuda | cuda:N
+      dtype: auto                 # auto | float32 | bfloat16 | float16 (auto: fp32 CPU, bf16 GPU)
+      gpu_memory_utilization: 0.9 # share of GPU memory the engine may use (weights + KV)
       seed: 0
       num_threads: null
       prepack_weights: true       # weights in oneDNN's blocked layout (faster CPU matmuls)
@@ -31,6 +36,9 @@ from typing import Any, Dict, Optional
 from pagedllm.model.kv_cache import KV_CACHE_DTYPES
 
 DEFAULT_KV_CACHE_MEMORY_BYTES = 2 << 30
+DEVICES = ("auto", "cpu", "cuda")
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+PREEMPTION_MODES = ("recompute", "swap")
 
 # YAML section -> {yaml key: EngineConfig field}
 _YAML_SECTIONS: Dict[str, Dict[str, str]] = {
@@ -41,14 +49,17 @@ _YAML_SECTIONS: Dict[str, Dict[str, str]] = {
         "num_blocks": "num_kv_blocks",
         "enable_prefix_caching": "enable_prefix_caching",
         "watermark": "watermark",
+        "swap_space": "swap_space",
     },
     "scheduler": {
         "max_num_seqs": "max_num_seqs",
         "max_num_batched_tokens": "max_num_batched_tokens",
         "max_model_len": "max_model_len",
+        "preemption_mode": "preemption_mode",
     },
     "runtime": {"seed": "seed", "num_threads": "num_threads",
-                "prepack_weights": "prepack_weights"},
+                "prepack_weights": "prepack_weights", "device": "device", "dtype": "dtype",
+                "gpu_memory_utilization": "gpu_memory_utilization"},
 }
 
 
@@ -73,6 +84,17 @@ class EngineConfig:
             (1.25-1.5x faster batched decode steps on CPU; no extra memory). False = plain F.linear.
         k_scale: fp8 KV scale for keys (x / k_scale is stored).
         v_scale: fp8 KV scale for values.
+        device: "auto" (a GPU when the CUDA kernels are built in and one is visible, else the
+            CPU), "cpu", "cuda" or "cuda:N".
+        dtype: weights and activations: "auto" (float32 on the CPU, bfloat16 on a GPU that
+            has it, else float16), "float32", "bfloat16", "float16" (GPU only).
+        gpu_memory_utilization: share of the GPU's memory the engine may use; the KV pool
+            gets what the weights leave of it (when no explicit KV budget is given).
+        preemption_mode: what happens to a sequence preempted when the pool runs out:
+            "recompute" (blocks freed, recomputed later) or "swap" (blocks copied to the host
+            pool and back; falls back to recompute when the host pool is full).
+        swap_space: GiB of host memory for swapped-out blocks (vLLM's name); used by
+            preemption_mode="swap".
     """
 
     model: Optional[str] = None
@@ -90,6 +112,11 @@ class EngineConfig:
     prepack_weights: bool = True
     k_scale: float = 1.0
     v_scale: float = 1.0
+    device: str = "auto"
+    dtype: str = "auto"
+    gpu_memory_utilization: float = 0.9
+    preemption_mode: str = "recompute"
+    swap_space: float = 4.0
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> ValueError:
@@ -125,6 +152,24 @@ class EngineConfig:
             raise bad("prepack_weights", "true or false")
         if not self.k_scale > 0 or not self.v_scale > 0:
             raise ValueError(f"k_scale and v_scale must be > 0, got {self.k_scale}, {self.v_scale}")
+        if not isinstance(self.device, str) or not _valid_device(self.device):
+            raise bad("device", "one of auto, cpu, cuda, cuda:N")
+        if self.dtype not in MODEL_DTYPES:
+            raise bad("dtype", "one of " + ", ".join(MODEL_DTYPES))
+        if (isinstance(self.gpu_memory_utilization, bool)
+                or not isinstance(self.gpu_memory_utilization, (int, float))
+                or not 0.0 < self.gpu_memory_utilization <= 1.0):
+            raise bad("gpu_memory_utilization", "a fraction in (0, 1]")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise bad("preemption_mode", "one of " + ", ".join(PREEMPTION_MODES))
+        if (isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float))
+                or not 0.0 <= self.swap_space <= 1024.0 or self.swap_space != self.swap_space):
+            raise bad("swap_space", "a number of GiB in [0, 1024]")
+
+    @property
+    def swap_space_bytes(self) -> int:
+        """swap_space in bytes."""
+        return int(self.swap_space * (1 << 30))
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any], **overrides: Any) -> "EngineConfig":
@@ -184,3 +229,10 @@ class EngineConfig:
                 and self.max_num_batched_tokens == max(2048, self.max_num_seqs)):
             changes["max_num_batched_tokens"] = None
         return dataclasses.replace(self, **changes)
+
+
+def _valid_device(name: str) -> bool:
+    if name in DEVICES:
+        return True
+    head, _, index = name.partition(":")
+    return head == "cuda" and index.isdigit()

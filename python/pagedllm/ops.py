@@ -100,6 +100,21 @@ def copy_blocks(caches: Sequence[torch.Tensor], block_mapping: torch.Tensor) -> 
     backend.copy_blocks(list(caches), block_mapping)
 
 
+def rms_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """out = weight * x / sqrt(mean(x^2) + eps) per row, float32 (the CPU kernel); other
+    devices or dtypes use torch's F.rms_norm.
+
+    Args:
+        out, x: [rows, hidden] float32 (out may be a fresh tensor; rows contiguous).
+        weight: [hidden].
+        eps: added to the mean of squares.
+    """
+    if x.is_cuda or x.dtype != torch.float32:
+        out.copy_(torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps))
+        return
+    _core.rms_norm(out, x, weight, eps)
+
+
 def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tensor) -> None:
     """Copies block src of `src` to block dst of `dst` for each (src, dst) pair of the CPU
     tensor `block_mapping`; either pool may be on a GPU (then the host one should be pinned)."""

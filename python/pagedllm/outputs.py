@@ -35,7 +35,7 @@ class CompletionOutput:
         token_ids: the generated token ids.
         cumulative_logprob: sum of the generated tokens' logprobs (None unless computed).
         logprobs: per generated token, the top-k logprobs (None unless requested).
-        finish_reason: "stop", "length", "abort", or None while running.
+        finish_reason: "stop", "length", "abort", "error", or None while running.
         stop_reason: the stop string or stop token id that ended it, if any.
     """
 
@@ -64,6 +64,7 @@ class RequestOutput:
         outputs: the completions (n of them once finished).
         finished: True when every completion has finished.
         metrics: timing of the request (arrival, first token, finish), in seconds.
+        error: why the engine failed the request (finish_reason "error"), else None.
     """
 
     request_id: str
@@ -73,6 +74,7 @@ class RequestOutput:
     outputs: List[CompletionOutput]
     finished: bool
     metrics: Dict[str, float] = field(default_factory=dict)
+    error: Optional[str] = None
 
 
 @dataclass

@@ -3,6 +3,7 @@ HostSwapPool runs in test_cuda_kernels' stream tests' style on a GPU)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -44,21 +45,18 @@ def test_host_swap_pool_round_trip_on_cpu():
     device_pool = torch.randn(10, 2, 2, 4, 16, 8, generator=gen)
     original = device_pool.clone()
     host = HostSwapPool(device_pool, 4)
-    assert host.num_free == 4 and host.bytes_per_block == 2 * 2 * 4 * 16 * 8 * 4
-    got = host.swap_out([7, 2, 9])
-    assert got is not None
-    ids, ticket = got
-    assert ticket == 0 and len(set(ids)) == 3 and host.num_free == 1
-    assert host.swap_out([0, 1]) is None and host.num_free == 1  # no room: nothing changes
+    assert host.num_blocks == 4 and host.bytes_per_block == 2 * 2 * 4 * 16 * 8 * 4
+    assert host.swap_out(np.array([[7, 0], [2, 3], [9, 1]])) == 0
     device_pool[[7, 2, 9]] = 0.0  # the device blocks are reused meanwhile
-    assert host.swap_in(ids, [1, 3, 5]) == 0
+    assert host.swap_in(np.array([[0, 1], [3, 3], [1, 5]])) == 0
     assert torch.equal(device_pool[1], original[7])
     assert torch.equal(device_pool[3], original[2])
     assert torch.equal(device_pool[5], original[9])
-    assert host.num_free == 4
-    with pytest.raises(ValueError, match="does not hold a swapped-out block"):
-        host.swap_in([ids[0]], [0])
-
+    assert host.swap_out(np.zeros((0, 2), np.int64)) == 0  # nothing to move
+    with pytest.raises((IndexError, ValueError)):
+        host.swap_in(np.array([[4, 0]]))  # host block 4 is outside the pool of 4
+    with pytest.raises(ValueError, match="num_host_blocks"):
+        HostSwapPool(device_pool, 0)
 
 @pytest.mark.gpu
 def test_host_swap_pool_on_gpu_with_streams():
@@ -69,12 +67,12 @@ def test_host_swap_pool_on_gpu_with_streams():
     original = device_pool.cpu()
     host = HostSwapPool(device_pool, 4, streams)
     assert host.pool.is_pinned()
-    ids, t_out = host.swap_out([7, 2], after=streams.record_compute())
+    t_out = host.swap_out(np.array([[7, 0], [2, 1]]), after=streams.record_compute())
     assert t_out > 0
     streams.compute_wait(t_out)
     with ops.cuda_stream(streams.compute_stream):
         device_pool[[7, 2]] = 0.0  # reuse only after the copy-out
-    t_in = host.swap_in(ids, [1, 3], after=streams.record_compute())
+    t_in = host.swap_in(np.array([[0, 1], [1, 3]]), after=streams.record_compute())
     streams.synchronize(t_in)
     assert torch.equal(device_pool[1].cpu(), original[7])
     assert torch.equal(device_pool[3].cpu(), original[2])

@@ -1,13 +1,14 @@
 """Scheduler unit tests: budgets, chunked prefill, decode-first order, preemption, prefix hits.
 
-The model is not involved: after each step the test marks the scheduled tokens computed and,
-for sequences whose tokens are all computed, appends a token, as the engine would.
+The model is not involved: after each step the test hands the scheduler a made-up sampled
+token for every draw (update_from_output, as the engine does after the forward).
 """
 
 import numpy as np
 import pytest
 
 from pagedllm import _core
+from pagedllm.engine.sampler import SampleResult
 from pagedllm.engine.scheduler import Scheduler
 from pagedllm.engine.sequence import Request, SequenceStatus
 from pagedllm.sampling_params import SamplingParams
@@ -19,10 +20,7 @@ def make_request(rid, prompt, max_tokens=8):
 
 def run_step(sched, new_token=7):
     out = sched.schedule()
-    for e in out.scheduled:
-        e.seq.num_computed_tokens = e.context_len
-        if e.seq.num_computed_tokens == e.seq.num_tokens:
-            e.seq.token_ids.append(new_token)
+    sched.update_from_output(out, None, {}, [SampleResult(new_token) for _ in out.sample_targets])
     return out
 
 
@@ -31,8 +29,8 @@ def test_chunked_prefill_respects_token_budget_and_puts_decodes_first():
     sched = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=10)
     short = make_request(0, list(range(3)))
     long = make_request(1, list(range(100, 125)))  # 25 tokens: 3 chunks under a budget of 10
-    sched.add(short.seqs[0])
-    sched.add(long.seqs[0])
+    sched.add_request(short)
+    sched.add_request(long)
     out = run_step(sched)
     assert [(e.seq.request.request_id, e.start, e.num_new_tokens) for e in out.scheduled] == [
         ("0", 0, 3), ("1", 0, 7)]
@@ -53,7 +51,7 @@ def test_slot_mapping_and_tables_agree():
     kv = _core.KVCacheManager(16, 4)
     sched = Scheduler(kv, 4, 64)
     r = make_request(0, list(range(10)))
-    sched.add(r.seqs[0])
+    sched.add_request(r)
     out = sched.schedule()
     table = out.block_tables[0]
     expected = [int(table[p // 4]) * 4 + p % 4 for p in range(10)]
@@ -65,7 +63,7 @@ def test_preempts_latest_arrival_when_out_of_blocks():
     sched = Scheduler(kv, 8, 64)
     reqs = [make_request(i, [i * 10 + j for j in range(4)]) for i in range(3)]  # 2 blocks each
     for r in reqs:
-        sched.add(r.seqs[0])
+        sched.add_request(r)
     run_step(sched)  # all three prompts: 6 blocks, pool full
     assert kv.num_available_blocks == 0
     out = run_step(sched)  # each needs a 3rd block: the latest arrival is preempted
@@ -75,8 +73,7 @@ def test_preempts_latest_arrival_when_out_of_blocks():
     assert sched.num_preemptions == 1
     assert [e.seq.request.request_id for e in out.scheduled] == ["0", "1"]
     # Freeing one sequence lets the preempted one be recomputed (prompt + generated token).
-    sched.remove(reqs[0].seqs[0])
-    reqs[0].seqs[0].status = SequenceStatus.FINISHED
+    sched.abort_request("0")
     out = run_step(sched)
     ids = [(e.seq.request.request_id, e.num_new_tokens) for e in out.scheduled]
     assert ("2", 5) in ids
@@ -87,10 +84,10 @@ def test_admission_takes_prefix_hits():
     sched = Scheduler(kv, 8, 64)
     shared = list(range(12))
     a = make_request(0, shared + [50])
-    sched.add(a.seqs[0])
+    sched.add_request(a)
     run_step(sched)
     b = make_request(1, shared + [60, 61])
-    sched.add(b.seqs[0])
+    sched.add_request(b)
     out = run_step(sched)
     entry = [e for e in out.scheduled if e.seq is b.seqs[0]][0]
     assert entry.start == 12 and entry.num_new_tokens == 2  # 3 cached blocks reused
@@ -102,7 +99,7 @@ def test_waiting_admission_is_fcfs_and_capped_by_max_num_seqs():
     sched = Scheduler(kv, max_num_seqs=2, max_num_batched_tokens=64)
     reqs = [make_request(i, [1, 2, 3]) for i in range(4)]
     for r in reversed(reqs):  # added out of order: arrival order still decides
-        sched.add(r.seqs[0])
+        sched.add_request(r)
     out = run_step(sched)
     # Requests 0 and 1 were created (arrived) first.
     assert [e.seq.request.request_id for e in out.scheduled] == ["0", "1"]

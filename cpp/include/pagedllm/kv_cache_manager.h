@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -69,6 +70,29 @@ class KVCacheManager {
   // hold (their K/V need not be computed). Reserves no other slot: call append() next.
   // Throws if `seq` is already registered or n < 1.
   int32_t allocate(SeqId seq, const TokenId* prompt, int32_t n, uint64_t extra_key);
+
+  // --- admission with precomputed hashes (the engine's path: one ask, one do) ---------------
+  // Chained prefix-cache hashes of the n / block_size full blocks of `tokens` under
+  // `extra_key`, written to out (resized). Computed once per prompt and kept by the caller.
+  void block_hashes(const TokenId* tokens, int32_t n, uint64_t extra_key,
+                    std::vector<uint64_t>& out) const;
+  // The ask: leading tokens of `tokens` whose blocks are cached (at most min(n - 1,
+  // max_cached_tokens), a multiple of block_size) and the most new tokens, at most
+  // `want_new_tokens`, that admit() could reserve after them now while leaving the watermark
+  // free (0 when not even one fits). `hashes[0..num_hashes)` are block_hashes() of a prefix of
+  // `tokens` under `extra_key` (blocks past them are hashed here). No side effects.
+  std::pair<int32_t, int32_t> query_admission(const TokenId* tokens, int32_t n,
+                                              const uint64_t* hashes, int32_t num_hashes,
+                                              uint64_t extra_key, int32_t max_cached_tokens,
+                                              int32_t want_new_tokens) const;
+  // The do: registers `seq` with its cached prefix (as query_admission found it), then
+  // reserves slots for the `num_new_tokens` tokens of `tokens` after that prefix, written to
+  // slots_out[0..num_new_tokens) (copy-on-write pairs to cow_out). Returns the cached length,
+  // or -1 (nothing changed) when the pool cannot supply the blocks. Throws if `seq` is
+  // registered, n < 1, or the prefix plus num_new_tokens exceeds n.
+  int32_t admit(SeqId seq, const TokenId* tokens, int32_t n, const uint64_t* hashes,
+                int32_t num_hashes, uint64_t extra_key, int32_t max_cached_tokens,
+                int32_t num_new_tokens, Slot* slots_out, std::vector<CowPair>& cow_out);
 
   // --- growth -------------------------------------------------------------------------------
   // Blocks append(seq, n) would take from the pool (new blocks plus a copy-on-write copy).
@@ -134,8 +158,14 @@ class KVCacheManager {
   };
 
   // Walks the prefix cache; fills `hits` with matched blocks, returns the last block's hash.
+  // At most max_blocks blocks (-1: the (n - 1) / block_size rule alone); hashes[0..num_hashes)
+  // are reused where given.
   uint64_t match_prefix(const TokenId* prompt, int32_t n, uint64_t extra_key,
-                        std::vector<BlockId>& hits) const;
+                        std::vector<BlockId>& hits, const uint64_t* hashes = nullptr,
+                        int32_t num_hashes = 0, int32_t max_blocks = -1) const;
+  // Registers `seq` holding the matched `hits` (last_hash: the last hit's hash).
+  SeqState& register_seq(SeqId seq, uint64_t extra_key, uint64_t last_hash,
+                         const std::vector<BlockId>& hits, int32_t num_query_tokens);
   SeqState& state(SeqId seq);
   const SeqState& state(SeqId seq) const;
   // Takes one block from the pool, evicting a parked cached block if none is free.

@@ -96,7 +96,7 @@ def advance(req: Request, scheduler, eos_ids, max_model_len: int, free_seq) -> N
             if s.status is SequenceStatus.RUNNING:
                 scheduler.fork(s, beam)
             else:
-                scheduler.add(beam)  # the parent was preempted: recompute this one too
+                scheduler.add_beam(beam)  # the parent holds no device blocks: recompute
         new_beams.append((beam, tok, lp, score))
     for s in live:
         if s.seq_id not in claimed:

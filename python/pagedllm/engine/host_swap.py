@@ -1,19 +1,17 @@
-"""A host (CPU, pinned when the device pool is on a GPU) copy of the KV pool's block layout, for
-preemption by swapping instead of recomputing.
+"""The host swap pool: host memory shaped like the device pool's blocks (pinned when the device
+pool is on a GPU), where preemption by swapping keeps a victim's blocks.
 
-The pool has its own block ids. `swap_out` copies device blocks into freshly taken host blocks,
-`swap_in` copies host blocks back into device blocks the KV manager gave, then frees the host
-blocks. On a GPU the copies go on the copy stream of a `pagedllm._core.cuda.Streams`, ordered
-after the compute work that wrote the blocks (`after` ticket) and returning a ticket the step
-that reads them must wait for (`Streams.compute_wait`); on the CPU they are synchronous.
-Running out of host blocks is a normal result (None), never an exception.
-Not thread-safe: the engine uses it from one thread.
+The scheduler owns the host block *ids* (a `_core.BlockAllocator` of the same size) and puts
+(device block, host block) pairs into the step's KV transfer plan; this pool only moves bytes.
+On a GPU the copies are queued on the copy stream of a `pagedllm._core.cuda.Streams` after a
+ticket (the compute work they must follow) and return a ticket the compute stream waits for;
+on the CPU they run synchronously (on the worker's transfer thread).
+Not thread-safe: one transfer thread or the worker thread uses it at a time.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
-
+import numpy as np
 import torch
 
 from pagedllm import ops
@@ -24,7 +22,7 @@ class HostSwapPool:
 
     Args:
         device_pool: the KV pool, [num_blocks, ...] with contiguous blocks.
-        num_host_blocks: host blocks to allocate.
+        num_host_blocks: host blocks to allocate (>= 1).
         streams: a pagedllm._core.cuda.Streams for a GPU pool (None: synchronous copies).
     """
 
@@ -34,65 +32,47 @@ class HostSwapPool:
         self.device_pool = device_pool
         pin = device_pool.is_cuda
         # pool: [num_host_blocks, *block_shape] (pinned for asynchronous GPU copies)
-        self.pool = torch.empty((num_host_blocks, *device_pool.shape[1:]),
+        self.pool = torch.zeros((num_host_blocks, *device_pool.shape[1:]),
                                 dtype=device_pool.dtype, pin_memory=pin)
         self.streams = streams
-        self._free = list(range(num_host_blocks - 1, -1, -1))
 
     @property
-    def num_free(self) -> int:
-        """Host blocks not holding a swapped-out block."""
-        return len(self._free)
+    def num_blocks(self) -> int:
+        return int(self.pool.shape[0])
 
     @property
     def bytes_per_block(self) -> int:
         return self.pool[0].numel() * self.pool.element_size()
 
-    def can_swap_out(self, n: int) -> bool:
-        """Whether n device blocks fit in the host pool now."""
-        return n <= len(self._free)
-
-    def swap_out(self, device_blocks: Sequence[int], after: int = 0
-                 ) -> Optional[tuple[list[int], int]]:
-        """Copies device blocks to new host blocks.
+    def swap_out(self, pairs: np.ndarray, after: int = 0) -> int:
+        """Copies device blocks to host blocks.
 
         Args:
-            device_blocks: ids in the device pool.
+            pairs: int64 [k, 2] (device block, host block).
             after: a Streams ticket the copies must wait for (the step that wrote the blocks).
         Returns:
-            (host block ids in the same order, ticket of the copies; 0 when synchronous), or
-            None when the host pool lacks room (nothing changes).
+            The ticket of the copies (0 when synchronous).
+        Raises:
+            IndexError / ValueError: an id outside either pool (nothing copied).
         """
-        if not self.can_swap_out(len(device_blocks)):
-            return None
-        host = [self._free.pop() for _ in device_blocks]
-        pairs = torch.tensor(list(zip(device_blocks, host)), dtype=torch.int64).view(-1, 2)
-        return host, self._copy(self.device_pool, self.pool, pairs, after)
+        return self._copy(self.device_pool, self.pool, pairs, after)
 
-    def swap_in(self, host_blocks: Sequence[int], device_blocks: Sequence[int],
-                after: int = 0) -> int:
-        """Copies host blocks back into device blocks and frees the host blocks.
+    def swap_in(self, pairs: np.ndarray, after: int = 0) -> int:
+        """Copies host blocks back into device blocks.
 
+        Args:
+            pairs: int64 [k, 2] (host block, device block).
+            after: a Streams ticket the copies must wait for.
         Returns:
             The ticket the step that reads the device blocks must wait for (0: synchronous).
-        Raises:
-            ValueError: lengths differ, or a host block is not in use.
         """
-        if len(host_blocks) != len(device_blocks):
-            raise ValueError(f"{len(host_blocks)} host blocks for {len(device_blocks)} device blocks")
-        free = set(self._free)
-        for b in host_blocks:
-            if b in free or not 0 <= b < self.pool.shape[0]:
-                raise ValueError(f"host block {b} does not hold a swapped-out block")
-        pairs = torch.tensor(list(zip(host_blocks, device_blocks)), dtype=torch.int64).view(-1, 2)
-        ticket = self._copy(self.pool, self.device_pool, pairs, after)
-        self._free.extend(host_blocks)  # reusable: later copies queue after this one
-        return ticket
+        return self._copy(self.pool, self.device_pool, pairs, after)
 
-    def _copy(self, src: torch.Tensor, dst: torch.Tensor, pairs: torch.Tensor, after: int) -> int:
+    def _copy(self, src: torch.Tensor, dst: torch.Tensor, pairs: np.ndarray, after: int) -> int:
         if len(pairs) == 0:
             return 0
+        mapping = torch.from_numpy(np.ascontiguousarray(pairs, dtype=np.int64))
         if self.streams is not None:
-            return self.streams.swap_blocks_async(src, dst, pairs, after)
-        ops.swap_blocks(src, dst, pairs)
+            return self.streams.swap_blocks_async(src, dst, mapping, after)
+        ops.swap_blocks(src, dst, mapping)
         return 0

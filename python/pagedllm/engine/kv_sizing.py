@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Optional
 
 from pagedllm.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig
 
@@ -29,7 +30,8 @@ class KVPlan:
     block_size: int
 
 
-def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int) -> KVPlan:
+def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int,
+                 device_budget_bytes: Optional[int] = None) -> KVPlan:
     """Decides the number of blocks and the length limit.
 
     Args:
@@ -38,6 +40,8 @@ def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int)
             2 GiB, or what max_num_seqs sequences of max_model_len tokens need if less.
         bytes_per_block: bytes one block takes (from PagedKVCache.bytes_per_block).
         model_max_len: the model's max_position_embeddings.
+        device_budget_bytes: on a GPU, what the device's free memory allows (used instead of
+            the 2 GiB default when no budget is configured).
     Returns:
         The plan.
     Raises:
@@ -55,7 +59,9 @@ def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int)
             # could ever use (a small model would otherwise get a needlessly huge pool).
             longest = config.max_model_len or model_max_len
             useful = -(-config.max_num_seqs * longest // bs) * bytes_per_block
-            budget = min(DEFAULT_KV_CACHE_MEMORY_BYTES, useful)
+            default = (DEFAULT_KV_CACHE_MEMORY_BYTES if device_budget_bytes is None
+                       else device_budget_bytes)
+            budget = min(default, useful)
         num_blocks = budget // bytes_per_block
         budget_desc = f"kv_cache_memory_bytes={budget} ({bytes_per_block} bytes per block of {bs} tokens)"
         if num_blocks < 1:

@@ -1,7 +1,15 @@
 """LLMEngine: add requests, step, abort — the loop that servers and the LLM facade drive.
 
-One step = schedule (memory decisions, in the C++ KVCacheManager) -> run the model over the
-scheduled tokens -> sample -> apply tokens, stop rules and forks -> outputs.
+One step, as data:
+
+    Scheduler.schedule()          -> SchedulerOutput   (arrays + KV transfer plan; slots reserved)
+    Executor.execute_model(out)   -> ModelOutput       (transfers, forward; logits on the host)
+    Sampler.sample(logits, out.sample_targets) -> SampleResults
+    Scheduler.update_from_output(out, ...)     -> RequestOutputs (the one place state changes)
+
+A failure inside a step fails the requests it concerns (finish_reason "error", blocks freed),
+never the engine: a forward that raises fails that step's requests; a draw that raises fails
+only the requests whose draws raise.
 """
 
 from __future__ import annotations
@@ -10,7 +18,6 @@ import dataclasses
 import itertools
 import logging
 import os
-import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence as Seq, Union
 
 import torch
@@ -18,14 +25,10 @@ import torch
 from pagedllm import _core
 from pagedllm.config import EngineConfig
 from pagedllm.engine import beam_search
-from pagedllm.engine.kv_sizing import plan_kv_pool
-from pagedllm.engine.model_runner import ModelRunner
-from pagedllm.engine.output_processor import OutputProcessor
+from pagedllm.engine.executor import Executor, make_executor
 from pagedllm.engine.sampler import Sampler
-from pagedllm.engine.scheduler import Scheduler
+from pagedllm.engine.scheduler import Scheduler, SchedulerOutput
 from pagedllm.engine.sequence import Request
-from pagedllm.engine.stop_checker import StopChecker
-from pagedllm.model import PagedKVCache, load_model
 from pagedllm.outputs import BeamSearchOutput, RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, SamplingParams
 
@@ -61,15 +64,15 @@ class LLMEngine:
         config: engine options; see EngineConfig.
     """
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, executor: Optional[Executor] = None):
         self.config = config
         threads = config.num_threads or len(os.sched_getaffinity(0))
         torch.set_num_threads(threads)
         if hasattr(_core, "set_num_threads"):
             _core.set_num_threads(threads)
         self.model_path = resolve_model_path(config.model)
-        self.model, self.model_config = load_model(self.model_path,
-                                                    prepack=config.prepack_weights)
+        self.executor = executor or make_executor(config, self.model_path)
+        self.model_config = self.executor.model_config
         self.tokenizer = self._load_tokenizer()
         eos = list(self.tokenizer.eos_token_ids) if self.tokenizer else []
         for t in self.model_config.eos_token_ids:
@@ -77,34 +80,47 @@ class LLMEngine:
                 eos.append(t)
         self.eos_token_ids = eos
 
-        bytes_per_block = PagedKVCache.bytes_per_block(self.model_config, config.block_size,
-                                                       config.kv_cache_dtype)
-        self.plan = plan_kv_pool(config, bytes_per_block,
-                                 self.model_config.max_position_embeddings)
+        layout = self.executor.layout
+        self.plan = layout.plan
         self.max_model_len = self.plan.max_model_len
-        self.kv_cache = PagedKVCache(self.model_config, self.plan.num_blocks, config.block_size,
-                                     config.kv_cache_dtype, config.k_scale, config.v_scale)
         self.kv_manager = _core.KVCacheManager(self.plan.num_blocks, config.block_size,
                                                config.enable_prefix_caching,
                                                self.plan.watermark_blocks)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs,
-                                   config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.kv_cache)
+                                   config.max_num_batched_tokens, self.eos_token_ids,
+                                   self.max_model_len, self.tokenizer, config.preemption_mode,
+                                   layout.num_host_blocks)
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed)
-        self.processor = OutputProcessor(
-            self.scheduler, StopChecker(self.eos_token_ids, self.max_model_len, self.tokenizer),
-            self.tokenizer)
-        self.requests: Dict[str, Request] = {}
         self._ids = itertools.count()
         # Counters for metrics (cumulative since start).
         self.num_prompt_tokens = 0
-        self.num_generation_tokens = 0
         self.num_steps = 0
-        # False: step() returns outputs of finished requests only (offline use: saves copying
-        # every running request's tokens each step).
-        self.stream_outputs = True
+        self.num_failed_steps = 0
         # Called after each step is scheduled with the KV pool's stats (benchmarks, monitors).
         self.on_step: Optional[Callable[[dict], None]] = None
+
+    @property
+    def requests(self) -> Dict[str, Request]:
+        """The unfinished requests by id (the scheduler's registry; read-only)."""
+        return self.scheduler.requests
+
+    @property
+    def stream_outputs(self) -> bool:
+        """False: step() returns outputs of finished requests only (offline use: saves copying
+        every running request's tokens each step)."""
+        return self.scheduler.stream_outputs
+
+    @stream_outputs.setter
+    def stream_outputs(self, value: bool) -> None:
+        self.scheduler.stream_outputs = bool(value)
+
+    @property
+    def num_generation_tokens(self) -> int:
+        return self.scheduler.num_generation_tokens
+
+    def shutdown(self) -> None:
+        """Stops the executor's workers (pending KV transfers finish first)."""
+        self.executor.shutdown()
 
     def generation_defaults(self) -> dict:
         """Sampling defaults from the checkpoint's generation_config.json (vLLM's behaviour):
@@ -208,8 +224,7 @@ class LLMEngine:
             params = dataclasses.replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
         self._validate(request_id, ids, params.max_tokens)
         req = Request(request_id, text, ids, params, extra_key, arrival_time)
-        self.requests[request_id] = req
-        self.scheduler.add(req.seqs[0])
+        self.scheduler.add_request(req)
         self.num_prompt_tokens += len(ids)
         return request_id
 
@@ -218,26 +233,29 @@ class LLMEngine:
         """Queues a beam-search request; its result comes from beam_search_result()."""
         sp = SamplingParams(max_tokens=params.max_tokens, temperature=0.0,
                             ignore_eos=params.ignore_eos, detokenize=False)
-        rid = self.add_request(request_id, prompt, sp)
-        self.requests[rid].beam = beam_search.BeamSearchState(params)
-        return rid
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids = self._prompt_ids(prompt)
+        self._validate(request_id, ids, sp.max_tokens)
+        req = Request(request_id, text, ids, sp)
+        req.beam = beam_search.BeamSearchState(params)
+        self.scheduler.add_request(req)
+        self.num_prompt_tokens += len(ids)
+        return request_id
 
     def abort_request(self, request_id: Union[str, Iterable[str]]) -> None:
         """Stops requests and frees their blocks; unknown ids are ignored."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         for rid in ids:
-            req = self.requests.pop(rid, None)
-            if req is None:
-                continue
-            for seq in req.seqs:
-                self.processor.finish(seq, "abort")
+            self.scheduler.abort_request(rid)
 
     def has_unfinished_requests(self) -> bool:
-        """True while any request is waiting or running."""
-        return bool(self.requests)
+        """True while any request is waiting, running or swapped."""
+        return bool(self.scheduler.requests)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.requests)
+        return len(self.scheduler.requests)
 
     # --- the step -----------------------------------------------------------------------------
     def step(self) -> List[RequestOutput]:
@@ -245,62 +263,73 @@ class LLMEngine:
 
         Returns:
             A RequestOutput for every (non-beam) request that got new tokens or finished (only
-            the finished ones when stream_outputs is False).
+            the finished ones when stream_outputs is False), and for every request the step
+            failed (finish_reason "error", `error` set).
         """
         out = self.scheduler.schedule()
         if out.is_empty:
-            if self.scheduler.has_work and not self.scheduler.running:
-                raise RuntimeError("internal: requests are waiting but none can be scheduled")
-            return []
+            return self.scheduler.take_failed_outputs()
         if self.on_step is not None:
             self.on_step(self.kv_manager.stats())
-        logits = self.runner.execute(out)
+        try:
+            result = self.executor.execute_model(out)
+        except Exception as e:  # noqa: BLE001 - the step's requests fail, not the engine
+            self._fail(out, f"the model step failed: {type(e).__name__}: {e}")
+            return self.scheduler.take_failed_outputs()
         self.num_steps += 1
-        for e in out.scheduled:
-            e.seq.num_computed_tokens = e.context_len
-        for i, pl in logits.prompt_logits.items():
-            e = out.scheduled[i]
-            self.processor.add_prompt_logprobs(e.seq, e.start, pl)
+        results = self._sample(out, result.logits)
+        try:
+            return self.scheduler.update_from_output(out, result.logits, result.prompt_logits,
+                                                     results)
+        except Exception as e:  # noqa: BLE001
+            self._fail(out, f"applying the step's results failed: {type(e).__name__}: {e}")
+            return self.scheduler.take_failed_outputs()
 
-        targets = []
-        touched = {}
-        for row, i in enumerate(logits.sample_entries):
-            seq = out.scheduled[i].seq
-            req = seq.request
-            touched[req.request_id] = req
-            if req.beam is not None:
-                beam_search.store_candidates(seq, logits.logits[row], req.beam.params)
-            else:
-                targets.extend(self.processor.targets_for(row, seq))
-        results = self.sampler.sample(logits.logits, targets)
-        now = time.monotonic()
-        for t, r in zip(targets, results):
-            self.processor.apply(t, r, now)
-        self.num_generation_tokens += len(results)
-
-        outputs = []
-        for req in touched.values():
-            if req.beam is not None:
-                if beam_search.ready(req):
-                    beam_search.advance(req, self.scheduler, set(self.eos_token_ids),
-                                        self.max_model_len, self._free_beam)
-                    self.num_generation_tokens += len(req.seqs)
+    def _sample(self, out: SchedulerOutput, logits) -> list:
+        """Draws every target's token; on an error, draws one request at a time and fails the
+        requests whose draws raise (their targets get a placeholder the update skips)."""
+        targets = out.sample_targets
+        if not targets:
+            return []
+        try:
+            return self.sampler.sample(logits, targets)
+        except Exception:  # noqa: BLE001
+            pass
+        results: list = [None] * len(targets)
+        by_req: Dict[str, List[int]] = {}
+        for i, t in enumerate(targets):
+            by_req.setdefault(t.seq.request.request_id, []).append(i)
+        for idx in by_req.values():
+            try:
+                got = self.sampler.sample(logits, [targets[i] for i in idx])
+            except Exception as e:  # noqa: BLE001
+                req = targets[idx[0]].seq.request
+                self.num_failed_steps += 1
+                logger.warning("request %s failed in the sampler: %s", req.request_id, e)
+                self.scheduler.fail_request(req, f"sampling failed: {type(e).__name__}: {e}")
                 continue
-            if req.finished:
-                self.requests.pop(req.request_id, None)
-            if req.finished or self.stream_outputs:
-                outputs.append(OutputProcessor.request_output(req))
-        return outputs
+            for i, r in zip(idx, got):
+                results[i] = r
+        placeholder = next((r for r in results if r is not None), None)
+        return [r if r is not None else placeholder for r in results]
 
-    def _free_beam(self, seq) -> None:
-        self.processor.finish(seq, "stop")
+    def _fail(self, out: SchedulerOutput, message: str) -> None:
+        self.num_failed_steps += 1
+        logger.error("step failed; failing its %d requests: %s",
+                     len({e.seq.request.request_id for e in out.scheduled}), message)
+        self.scheduler.fail_step(out, message)
 
     def beam_search_result(self, request_id: str) -> Optional[BeamSearchOutput]:
-        """The finished beams of a beam-search request (None while it runs); forgets it."""
-        req = self.requests.get(request_id)
-        if req is None or req.beam is None or not req.beam.done:
+        """The finished beams of a beam-search request (None while it runs); forgets it.
+
+        Raises:
+            RuntimeError: the engine failed the request (the message says why).
+        """
+        req = self.scheduler.pop_finished_beam(request_id)
+        if req is None:
             return None
-        del self.requests[request_id]
+        if req.error is not None:
+            raise RuntimeError(f"beam search request {request_id}: {req.error}")
         return beam_search.result(req, set(self.eos_token_ids), self.tokenizer)
 
     # --- introspection ------------------------------------------------------------------------
@@ -308,6 +337,14 @@ class LLMEngine:
         """KV pool figures (see LLM.kv_cache_stats)."""
         s = self.kv_manager.stats()
         s["num_preemptions"] = self.scheduler.num_preemptions
+        s["num_swap_outs"] = self.scheduler.num_swap_outs
+        s["num_swap_ins"] = self.scheduler.num_swap_ins
+        s["num_swapped_seqs"] = len(self.scheduler.swapped)
+        if self.scheduler.host is not None:
+            s["host_blocks"] = self.scheduler.host.capacity
+            s["host_free_blocks"] = self.scheduler.host.num_free
+        s["num_failed_steps"] = self.num_failed_steps
+        s["device"] = self.executor.device_description
         s["kv_cache_dtype"] = self.config.kv_cache_dtype
         s["bytes_per_block"] = self.plan.bytes_per_block
         s["kv_cache_bytes"] = self.plan.bytes_per_block * self.plan.num_blocks

@@ -1,15 +1,18 @@
-"""Turns a SchedulerOutput into tensors, runs the model and returns the logits to sample from.
+"""Turns a SchedulerOutput's arrays into device tensors, runs the model and returns the logits.
 
-The runner owns the paged KV pool's tensors. Per step: copy-on-write block copies first, then
-one forward over the packed new tokens of every scheduled sequence, then logits only for the
-rows that are needed (the last token of every sequence whose known tokens are now all computed,
-plus every prompt row of sequences that asked for prompt logprobs).
+The runner reads only the SchedulerOutput's arrays (never a Request or a Sequence). Per step:
+inputs uploaded (on the CPU, zero-copy views of the numpy arrays; on a GPU, through persistent
+pinned staging buffers with non-blocking copies, the metadata checked on the host first so no
+layer waits on the device), one forward over the packed new tokens of every scheduled sequence,
+then logits only for the rows that are needed (the last token of every sequence whose known
+tokens are now all computed, plus the prompt rows of sequences that asked for prompt logprobs),
+copied to the host for sampling.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -19,81 +22,106 @@ from pagedllm.model import AttentionMetadata, PagedKVCache
 
 
 @dataclass
-class StepLogits:
-    """Logits produced by one step.
+class ModelOutput:
+    """What one step's forward returns, on the host.
 
     Attributes:
-        sample_entries: indices into SchedulerOutput.scheduled of the sequences to sample.
-        logits: float32 [len(sample_entries), vocab], one row per entry in that order.
-        prompt_logits: entry index -> float32 [num_new_tokens, vocab] for prompt logprobs.
+        logits: float32 [len(logits_indices), vocab] (None when no row is sampled).
+        prompt_logits: entry index -> float32 [rows, vocab] for prompt logprobs.
     """
 
-    sample_entries: List[int]
-    logits: torch.Tensor
+    logits: Optional[torch.Tensor]
     prompt_logits: Dict[int, torch.Tensor]
+
+
+def check_step_arrays(out: SchedulerOutput) -> None:
+    """Host-side checks of the step metadata (what AttentionMetadata checks for host tensors).
+
+    Raises:
+        ValueError: counts that do not add up.
+    """
+    cu, nd = out.cu_seqlens_q, out.num_decode_seqs
+    n = out.num_tokens
+    if (cu.shape[0] != out.context_lens.shape[0] + 1 or int(cu[0]) != 0 or int(cu[nd]) != nd
+            or int(cu[-1]) != n or out.input_ids.shape[0] != n or out.positions.shape[0] != n):
+        raise ValueError(f"inconsistent step: cu_seqlens_q {cu.tolist()[:8]}..., "
+                         f"{nd} decodes, {n} slots, {out.input_ids.shape[0]} input ids")
+
+
+class _Staging:
+    """Persistent pinned host buffers and device buffers for one step's inputs (GPU only)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._host: Dict[str, torch.Tensor] = {}
+        self._dev: Dict[str, torch.Tensor] = {}
+
+    def upload(self, name: str, arr: np.ndarray) -> torch.Tensor:
+        """A device tensor with arr's contents (valid for this step)."""
+        src = torch.from_numpy(np.ascontiguousarray(arr))
+        numel = src.numel()
+        host = self._host.get(name)
+        if host is None or host.numel() < numel or host.dtype != src.dtype:
+            size = max(numel, 2 * (host.numel() if host is not None else 0), 256)
+            host = torch.empty(size, dtype=src.dtype, pin_memory=True)
+            self._host[name] = host
+            self._dev[name] = torch.empty(size, dtype=src.dtype, device=self.device)
+        dev = self._dev[name]
+        host[:numel].copy_(src.reshape(-1))
+        dev[:numel].copy_(host[:numel], non_blocking=True)
+        return dev[:numel].view(src.shape)
 
 
 class ModelRunner:
     """Runs the model over the paged KV cache.
 
     Args:
-        model: the loaded Llama (pagedllm.model), in eval mode.
+        model: the loaded Llama (pagedllm.model), in eval mode, on `kv_cache.device`.
         kv_cache: the paged KV pool its attention reads and writes.
     """
 
     def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache):
         self.model = model
         self.kv_cache = kv_cache
+        self.device = kv_cache.device
+        self._staging = _Staging(self.device) if self.device.type == "cuda" else None
+
+    def _tensor(self, name: str, arr: np.ndarray) -> torch.Tensor:
+        if self._staging is None:
+            return torch.from_numpy(arr)
+        return self._staging.upload(name, arr)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> StepLogits:
-        """Runs one step. See the module docstring.
+    def execute(self, out: SchedulerOutput) -> ModelOutput:
+        """Runs one step's forward (the KV transfers have run). See the module docstring.
 
         Args:
             out: the scheduler's decision for this step (slots already reserved).
         Returns:
             The logits of the rows to sample from (and of prompt rows when requested).
         """
-        if len(out.cow_pairs):
-            self.kv_cache.copy_blocks(torch.from_numpy(out.cow_pairs))
-        entries = out.scheduled
-        num_seqs = len(entries)
-        q_lens = np.fromiter((e.num_new_tokens for e in entries), dtype=np.int32, count=num_seqs)
-        starts = np.fromiter((e.start for e in entries), dtype=np.int64, count=num_seqs)
-        cu = np.zeros(num_seqs + 1, dtype=np.int32)
-        np.cumsum(q_lens, out=cu[1:])
-        num_tokens = int(cu[-1])
-
-        # input_ids / positions: [num_tokens]
-        if out.num_decode_seqs == num_seqs:  # pure decode: one token each
-            input_ids = np.fromiter((e.seq.token_ids[e.start] for e in entries), dtype=np.int64,
-                                    count=num_seqs)
-            positions = starts
-        else:
-            ids: List[int] = []
-            for e in entries:
-                ids.extend(e.seq.token_ids[e.start:e.start + e.num_new_tokens])
-            input_ids = np.asarray(ids, dtype=np.int64)
-            positions = np.repeat(starts - cu[:-1], q_lens) + np.arange(num_tokens)
-        context_lens = (starts + q_lens).astype(np.int32)
-
+        on_device = self._staging is not None
+        if on_device:
+            check_step_arrays(out)
         meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(out.slot_mapping),        # [num_tokens] int64
-            block_tables=torch.from_numpy(out.block_tables),        # [num_seqs, W] int32
-            context_lens=torch.from_numpy(context_lens),            # [num_seqs] int32
-            cu_seqlens_q=torch.from_numpy(cu),                      # [num_seqs + 1] int32
+            slot_mapping=self._tensor("slots", out.slot_mapping),       # [num_tokens] int64
+            block_tables=self._tensor("tables", out.block_tables),      # [num_seqs, W] int32
+            context_lens=self._tensor("ctx", out.context_lens),         # [num_seqs] int32
+            cu_seqlens_q=self._tensor("cu", out.cu_seqlens_q),          # [num_seqs + 1] int32
             num_decode_seqs=out.num_decode_seqs,
         )
-        hidden = self.model(torch.from_numpy(input_ids), torch.from_numpy(positions), meta,
-                            self.kv_cache)                          # [num_tokens, hidden]
-
-        sample_entries = [i for i, e in enumerate(entries) if e.context_len == e.seq.num_tokens]
-        last_rows = torch.as_tensor([int(cu[i + 1]) - 1 for i in sample_entries], dtype=torch.long)
+        hidden = self.model(self._tensor("ids", out.input_ids),
+                            self._tensor("pos", out.positions), meta,
+                            self.kv_cache)                              # [num_tokens, hidden]
         prompt_logits: Dict[int, torch.Tensor] = {}
-        for i, e in enumerate(entries):
-            if e.seq.request.prompt_logprobs is not None and e.start < e.seq.num_prompt_tokens - 1:
-                rows = hidden[int(cu[i]):int(cu[i + 1])]             # [q_len, hidden]
-                prompt_logits[i] = self.model.compute_logits(rows)  # [q_len, vocab]
-        logits = (self.model.compute_logits(hidden[last_rows]) if sample_entries
-                  else hidden.new_zeros((0, 0)))                    # [num_sample, vocab]
-        return StepLogits(sample_entries, logits, prompt_logits)
+        for i, a, b in out.prompt_logit_spans:
+            # [q_len, vocab] on the host
+            prompt_logits[i] = self.model.compute_logits(hidden[a:b]).cpu()
+        logits = None
+        n = len(out.logits_indices)
+        if n == hidden.shape[0]:  # every row, in order (a pure decode step): no gather
+            logits = self.model.compute_logits(hidden).cpu()           # [num_sample, vocab]
+        elif n:
+            rows = self._tensor("rows", out.logits_indices)
+            logits = self.model.compute_logits(hidden[rows]).cpu()     # [num_sample, vocab]
+        return ModelOutput(logits, prompt_logits)

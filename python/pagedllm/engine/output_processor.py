@@ -1,8 +1,8 @@
 """Applies a step's samples to the sequences and builds the RequestOutputs.
 
-For every sampled sequence: append the token, record logprobs, extend the text, check the stop
-rules, and release the sequence's blocks when it finishes. A request with best_of > 1 is forked
-when its prompt has been computed: every sample shares the prompt's blocks.
+For every sampled sequence: append the token, record logprobs, extend the text and check the
+stop rules (the scheduler then finishes the sequence and frees its blocks). Called only by the
+scheduler's update_from_output, the one owner of request state.
 """
 
 from __future__ import annotations
@@ -12,45 +12,30 @@ from typing import List, Optional
 
 import torch
 
-from pagedllm.engine.sampler import SampleResult, SampleTarget
-from pagedllm.engine.scheduler import Scheduler
-from pagedllm.engine.sequence import Request, Sequence, SequenceStatus
+from pagedllm.engine.sampler import SampleResult
+from pagedllm.engine.sequence import Request, Sequence
 from pagedllm.engine.stop_checker import StopChecker
 from pagedllm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 
 
 class OutputProcessor:
-    """Turns sample results into sequence state and outputs.
+    """Turns sample results into sequence state and outputs (the scheduler's helper).
 
     Args:
-        scheduler: owns the sequences' KV blocks (forks and frees go through it).
         stop_checker: the stop rules and detokenization.
         tokenizer: for decoded_token in logprobs (None: no text).
     """
 
-    def __init__(self, scheduler: Scheduler, stop_checker: StopChecker, tokenizer=None):
-        self.scheduler = scheduler
+    def __init__(self, stop_checker: StopChecker, tokenizer=None):
         self.stop = stop_checker
         self.tokenizer = tokenizer
 
-    # --- before sampling ----------------------------------------------------------------------
-    def targets_for(self, row: int, seq: Sequence) -> List[SampleTarget]:
-        """The draws to make from logits row `row` of `seq`; forks a request due for it."""
-        req = seq.request
-        params = req.params
-        if params.best_of > 1 and not req.forked:
-            req.forked = True
-            for index in range(1, params.best_of):
-                child = Sequence(req, index, seq.token_ids, req.make_generator(index))
-                req.seqs.append(child)
-                self.scheduler.fork(seq, child)
-            return [SampleTarget(row, s, params) for s in req.seqs]
-        return [SampleTarget(row, seq, params)]
+    def apply(self, seq: Sequence, result: SampleResult, now: float) -> Optional[str]:
+        """Appends the sampled token to `seq`.
 
-    # --- after sampling -----------------------------------------------------------------------
-    def apply(self, target: SampleTarget, result: SampleResult, now: float) -> None:
-        """Appends the sampled token to the target sequence and finishes it when due."""
-        seq = target.seq
+        Returns:
+            The finish reason when a stop rule ends the sequence, else None.
+        """
         req = seq.request
         seq.token_ids.append(result.token_id)
         if req.first_token_time is None:
@@ -60,22 +45,7 @@ class OutputProcessor:
         if seq.output_logprobs is not None:
             seq.output_logprobs.append(self._position_logprobs(result))
         delta = self.stop.append_text(seq)
-        reason = self.stop.check(seq, delta)
-        if reason is not None:
-            self.finish(seq, reason)
-
-    def finish(self, seq: Sequence, reason: str) -> None:
-        """Marks seq finished with `reason` and frees its blocks."""
-        if seq.status is SequenceStatus.FINISHED:
-            return
-        if reason != "abort":
-            self.stop.finish_text(seq)
-        self.scheduler.remove(seq)
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
-        req = seq.request
-        if req.finished and req.finish_time is None:
-            req.finish_time = time.monotonic()
+        return self.stop.check(seq, delta)
 
     def add_prompt_logprobs(self, seq: Sequence, start: int, logits: torch.Tensor) -> None:
         """Records prompt logprobs for the chunk of prompt rows starting at position `start`.
@@ -148,4 +118,4 @@ class OutputProcessor:
             metrics["finish_time"] = req.finish_time
         return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids),
                              list(req.prompt_logprobs) if req.prompt_logprobs is not None else None,
-                             outputs, finished, metrics)
+                             outputs, finished, metrics, req.error)

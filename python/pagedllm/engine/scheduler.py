@@ -1,29 +1,54 @@
-"""Continuous batching over the paged KV cache.
+"""Continuous batching over the paged KV cache, and the one owner of request state.
 
 Every step the scheduler picks what to compute under two budgets, ``max_num_batched_tokens``
 and ``max_num_seqs``:
 1. running sequences first, in arrival order: one token for a decoding sequence, the next chunk
    of the prompt for one still in prefill (chunked prefill, so a long prompt never stalls the
    decodes). Slots come from ``KVCacheManager.append``; when the pool runs out, the
-   latest-arrived running sequence is preempted (its blocks freed, to be recomputed later, its
-   own prefix mostly still cached) until the append fits;
-2. then, if nothing was preempted, waiting sequences in arrival order, as long as their first
-   chunk fits and the watermark stays free (prefix-cache hits are taken at admission).
+   latest-arrived running sequence is preempted until the append fits: by *recompute* (blocks
+   freed, its prefix mostly still cached) or, with ``preemption_mode="swap"``, by *swapping*
+   its blocks to the host pool through the step's KV transfer plan;
+2. then, if nothing was preempted, swapped sequences are swapped back in (arrival order), and
+   once none is left, waiting sequences are admitted (arrival order) as long as their first
+   chunk fits and the watermark stays free. Admission is one ask (``query_admission``) and one
+   do (``admit``) on the prompt's block hashes, computed once per request;
+3. if that schedules nothing although work remains (beams holding blocks while they wait for
+   their siblings, or a request that cannot fit), idle sequences are preempted to make room,
+   and a request that cannot run even in an empty pool is failed with an error naming the
+   numbers, so the engine never stalls.
 
-The scheduler touches no tensor: it returns token positions, slots, block tables and
-copy-on-write pairs as numpy arrays in a SchedulerOutput, decodes first.
+``schedule()`` returns a SchedulerOutput: numpy arrays only (token ids, positions, slots,
+block tables, which rows to sample) plus the KV transfer plan. After the executor ran it and
+the sampler drew the tokens, ``update_from_output()`` applies the step: computed counts, prompt
+logprobs, sampled tokens, stop rules, beam search, finishing. Nothing else in the engine writes
+a Request or a Sequence (tests/python/test_state_ownership.py checks it); the scheduler never
+touches a tensor on a device (the step's logits arrive on the host).
 """
 
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass, field
-from typing import List
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
+import torch
 
 from pagedllm import _core
-from pagedllm.engine.sequence import Sequence, SequenceStatus
+from pagedllm.engine import beam_search
+from pagedllm.engine.output_processor import OutputProcessor
+from pagedllm.engine.sampler import SampleResult, SampleTarget
+from pagedllm.engine.sequence import Request, Sequence, SequenceStatus
+from pagedllm.engine.stop_checker import StopChecker
+from pagedllm.engine.transfer_plan import KVTransferPlan, as_pairs
+from pagedllm.outputs import RequestOutput
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+def _arrival(s: Sequence) -> tuple:
+    return s.arrival_key
 
 
 @dataclass
@@ -34,11 +59,14 @@ class ScheduledSeq:
         seq: the sequence.
         start: position of its first new token (== num_computed_tokens before the step).
         num_new_tokens: tokens computed for it in this step.
+        forks: sequences forked from it in this step (best_of > 1 at the end of the prompt);
+            they share its blocks and sample from its logits row.
     """
 
     seq: Sequence
     start: int
     num_new_tokens: int
+    forks: List[Sequence] = field(default_factory=list)
 
     @property
     def context_len(self) -> int:
@@ -48,22 +76,40 @@ class ScheduledSeq:
 
 @dataclass
 class SchedulerOutput:
-    """What one step computes.
+    """What one step computes: everything the worker needs, as numpy arrays.
 
     Attributes:
         scheduled: the sequences, the num_decode_seqs single-token ones first.
         num_decode_seqs: how many leading entries have exactly one new token.
-        slot_mapping: int64 [num_tokens], the cache slot of every new token, in batch order.
+        input_ids: int64 [num_tokens], the new tokens, packed in entry order.
+        positions: int64 [num_tokens], each new token's position in its sequence.
+        slot_mapping: int64 [num_tokens], the cache slot of every new token.
         block_tables: int32 [num_seqs, max_blocks], padded with 0.
-        cow_pairs: int32 [k, 2], (src, dst) blocks to copy before the step runs.
+        context_lens: int32 [num_seqs], tokens of context after the step.
+        cu_seqlens_q: int32 [num_seqs + 1], prefix sums of the new-token counts.
+        logits_indices: int64 [num_sampled], the packed rows whose logits are sampled (the
+            last new token of each entry whose known tokens are then all computed).
+        prompt_logit_spans: (entry index, first row, end row) of the rows whose logits give
+            prompt logprobs.
+        transfer: the step's block moves (swaps, copy-on-write copies, persistent tier).
+        sample_targets: the draws to make: row = index into logits_indices.
+        beam_rows: (row, sequence) of beam-search beams, whose candidates are ranked instead.
         preempted: sequences preempted while scheduling this step.
     """
 
     scheduled: List[ScheduledSeq]
     num_decode_seqs: int
+    input_ids: np.ndarray
+    positions: np.ndarray
     slot_mapping: np.ndarray
     block_tables: np.ndarray
-    cow_pairs: np.ndarray
+    context_lens: np.ndarray
+    cu_seqlens_q: np.ndarray
+    logits_indices: np.ndarray
+    prompt_logit_spans: List[Tuple[int, int, int]]
+    transfer: KVTransferPlan
+    sample_targets: List[SampleTarget] = field(default_factory=list)
+    beam_rows: List[Tuple[int, Sequence]] = field(default_factory=list)
     preempted: List[Sequence] = field(default_factory=list)
 
     @property
@@ -74,83 +120,182 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
+    @property
+    def cow_pairs(self) -> np.ndarray:
+        """The plan's copy-on-write pairs, int64 [k, 2]."""
+        return self.transfer.copies
+
+
+@dataclass
+class _Step:
+    """What schedule() collects before it packs the output."""
+
+    entries: List[ScheduledSeq] = field(default_factory=list)
+    slots: List[np.ndarray] = field(default_factory=list)
+    cow: List[np.ndarray] = field(default_factory=list)
+    swap_out: List[Tuple[int, int]] = field(default_factory=list)
+    swap_in: List[Tuple[int, int]] = field(default_factory=list)
+    preempted: List[Sequence] = field(default_factory=list)
+
+    def add(self, seq: Sequence, start: int, n: int, slots: np.ndarray, cow: np.ndarray) -> None:
+        self.entries.append(ScheduledSeq(seq, start, n))
+        self.slots.append(slots)
+        if len(cow):
+            self.cow.append(cow)
+
 
 class Scheduler:
-    """Decides, step by step, which tokens of which sequences to compute.
+    """Decides, step by step, which tokens of which sequences to compute, and applies results.
 
     Args:
-        kv: the KV-cache manager (the scheduler's only view of memory).
+        kv: the KV-cache manager (the scheduler's only view of device memory).
         max_num_seqs: most sequences in one step.
         max_num_batched_tokens: most new tokens in one step.
+        eos_token_ids: end-of-sequence ids (stop rules, beam search).
+        max_model_len: longest sequence.
+        tokenizer: for text and stop strings (None: token ids only).
+        preemption_mode: "recompute" or "swap" (to `num_host_blocks` host blocks; a victim
+            that does not fit there is recomputed).
+        num_host_blocks: size of the host swap pool in blocks (0: no swapping).
     """
 
-    def __init__(self, kv: _core.KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, kv: _core.KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 eos_token_ids: Iterable[int] = (), max_model_len: int = 1 << 30,
+                 tokenizer=None, preemption_mode: str = "recompute", num_host_blocks: int = 0):
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
+                             f"got {preemption_mode!r}")
         self.kv = kv
+        self.block_size = kv.block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.eos_token_ids = list(eos_token_ids)
+        self.max_model_len = max_model_len
+        self.preemption_mode = preemption_mode
+        self.host = _core.BlockAllocator(num_host_blocks) if num_host_blocks > 0 else None
+        self.processor = OutputProcessor(StopChecker(self.eos_token_ids, max_model_len, tokenizer),
+                                         tokenizer)
+        self.requests: Dict[str, Request] = {}
         self.waiting: List[Sequence] = []  # sorted by arrival_key
         self.running: List[Sequence] = []  # sorted by arrival_key
+        self.swapped: List[Sequence] = []  # sorted by arrival_key
+        self.stream_outputs = True
+        self._host_to_release: List[int] = []  # host blocks read by the last step's swap-ins
+        self._failed: List[RequestOutput] = []
         self.num_preemptions = 0
+        self.num_swap_outs = 0
+        self.num_swap_ins = 0
+        self.num_generation_tokens = 0
 
-    # --- queue management ---------------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
+    # --- requests -----------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queues a new request (validated by the engine)."""
+        self.requests[req.request_id] = req
+        self._enqueue(req.seqs[0])
+
+    def abort_request(self, request_id: str) -> None:
+        """Finishes every sequence of a request as "abort" and frees its blocks (no output)."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        for seq in req.seqs:
+            self._finish(seq, "abort")
+
+    def fail_request(self, req: Request, message: str) -> None:
+        """Finishes a request with finish_reason "error"; its output (with `message`) is
+        returned by the next update_from_output / take_failed_outputs."""
+        if self.requests.pop(req.request_id, None) is None:
+            return
+        req.error = message
+        for seq in req.seqs:
+            self._finish(seq, "error")
+        if req.beam is not None:
+            req.beam.done = True
+            return  # beam_search_result reports it
+        self._failed.append(OutputProcessor.request_output(req))
+
+    def take_failed_outputs(self) -> List[RequestOutput]:
+        """The outputs of requests failed since the last call."""
+        out, self._failed = self._failed, []
+        return out
+
+    def pop_finished_beam(self, request_id: str) -> Optional[Request]:
+        """A finished beam-search request (forgotten here), or None while it runs."""
+        req = self.requests.get(request_id)
+        if req is None or req.beam is None or not req.beam.done:
+            return None
+        del self.requests[request_id]
+        return req
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    # --- queues -------------------------------------------------------------------------------
+    def _enqueue(self, seq: Sequence) -> None:
         """Queues a sequence that holds no blocks (new or preempted), in arrival order."""
         seq.status = SequenceStatus.WAITING
-        bisect.insort(self.waiting, seq, key=lambda s: s.arrival_key)
+        bisect.insort(self.waiting, seq, key=_arrival)
 
-    def add_running(self, seq: Sequence) -> None:
-        """Adds a sequence that already holds blocks (a fork) to the running set."""
+    def _run(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.RUNNING
-        bisect.insort(self.running, seq, key=lambda s: s.arrival_key)
+        bisect.insort(self.running, seq, key=_arrival)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Makes `child` share every KV block of the running `parent` (copy-on-write later)."""
         assert parent.status is SequenceStatus.RUNNING, parent
         self.kv.fork(parent.seq_id, child.seq_id)
         child.num_computed_tokens = parent.num_computed_tokens
-        self.add_running(child)
+        self._run(child)
 
-    def remove(self, seq: Sequence) -> None:
-        """Drops a sequence from the queues and frees its blocks (finished or aborted)."""
+    def add_beam(self, seq: Sequence) -> None:
+        """Queues a new beam whose parent holds no device blocks (it is recomputed)."""
+        self._enqueue(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        """Drops a sequence from the queues and frees its device or host blocks."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
             self.kv.free(seq.seq_id)
-        elif seq.status is SequenceStatus.WAITING and seq in self.waiting:
-            self.waiting.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+        elif seq.status is SequenceStatus.SWAPPED:
+            self.swapped.remove(seq)
+            self._host_to_release.extend(seq.host_blocks or ())
+            seq.host_blocks = None
 
-    @property
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        """Marks seq finished with `reason` and frees its blocks."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        if reason not in ("abort", "error"):
+            self.processor.stop.finish_text(seq)
+        self._release(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        req = seq.request
+        if req.finished and req.finish_time is None:
+            req.finish_time = time.monotonic()
 
     # --- scheduling ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        """Picks this step's work and reserves its slots. See the module docstring."""
-        budget = self.max_num_batched_tokens
-        entries: List[ScheduledSeq] = []
-        slots: List[np.ndarray] = []
-        cow: List[np.ndarray] = []
-        preempted: List[Sequence] = []
+        """Picks this step's work, reserves its slots and plans its block moves."""
+        if self._host_to_release:
+            for b in self._host_to_release:
+                self.host.release(b)
+            self._host_to_release = []
+        step = _Step()
+        budget = self._schedule_running(self.max_num_batched_tokens, step)
+        if not step.preempted:
+            budget = self._schedule_swapped(budget, step)
+            if not self._swapped_pending():
+                self._schedule_waiting(budget, step)
+        if not step.entries and self.has_work:
+            self._unblock(step)
+        return self._pack(step)
 
-        budget = self._schedule_running(budget, entries, slots, cow, preempted)
-        if not preempted:
-            self._schedule_waiting(budget, entries, slots, cow)
-
-        # Decodes (one new token) first, as the attention wrapper expects.
-        order = sorted(range(len(entries)), key=lambda i: entries[i].num_new_tokens != 1)
-        entries = [entries[i] for i in order]
-        slots = [slots[i] for i in order]
-        num_decode = sum(1 for e in entries if e.num_new_tokens == 1)
-        seq_ids = np.fromiter((e.seq.seq_id for e in entries), dtype=np.int64, count=len(entries))
-        return SchedulerOutput(
-            scheduled=entries,
-            num_decode_seqs=num_decode,
-            slot_mapping=np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64),
-            block_tables=self.kv.block_tables(seq_ids) if entries else np.zeros((0, 0), np.int32),
-            cow_pairs=np.concatenate(cow) if cow else np.zeros((0, 2), dtype=np.int32),
-            preempted=preempted,
-        )
-
-    def _schedule_running(self, budget, entries, slots, cow, preempted) -> int:
+    def _schedule_running(self, budget: int, step: _Step) -> int:
         todo = [s for s in self.running if s.num_tokens > s.num_computed_tokens]
         if not todo:
             return budget
@@ -162,10 +307,10 @@ class Scheduler:
             if res is not None:
                 all_slots, pairs = res
                 for i, s in enumerate(todo):
-                    entries.append(ScheduledSeq(s, s.num_computed_tokens, 1))
-                    slots.append(all_slots[i:i + 1])
+                    step.entries.append(ScheduledSeq(s, s.num_computed_tokens, 1))
+                    step.slots.append(all_slots[i:i + 1])
                 if len(pairs):
-                    cow.append(pairs)
+                    step.cow.append(pairs)
                 return budget - len(todo)
         # Slow path: one sequence at a time, preempting the latest arrivals when out of blocks.
         i = 0
@@ -181,52 +326,281 @@ class Scheduler:
                 res = self.kv.append(seq.seq_id, seq.token_ids[start:start + n])
                 if res is None:
                     victim = self.running[-1]
-                    self._preempt(victim, preempted)
+                    self._preempt(victim, step)
                     if victim is seq:
                         break
             if res is None:
                 break  # the current sequence was itself the latest arrival
-            entries.append(ScheduledSeq(seq, start, n))
-            slots.append(res[0])
-            if len(res[1]):
-                cow.append(res[1])
+            step.add(seq, start, n, res[0], res[1])
             budget -= n
             i += 1
         return budget
 
-    def _preempt(self, seq: Sequence, preempted) -> None:
-        # The victim is the latest arrival, running[-1], at or after the sequence being
-        # scheduled: nothing of it is in this step's entries yet.
+    def _preempt(self, seq: Sequence, step: _Step) -> None:
+        """Takes a running sequence's blocks away: swapped to the host pool when the mode and
+        the host pool allow, else freed to be recomputed. The victim has no entry in this step
+        (it is the latest arrival, or idle)."""
+        self.num_preemptions += 1
+        seq.num_preemptions += 1
+        step.preempted.append(seq)
         self.running.remove(seq)
+        if self.preemption_mode == "swap" and self.host is not None:
+            table = self.kv.block_table(seq.seq_id)
+            host_ids = self.host.allocate_n(len(table)) if len(table) else []
+            if host_ids is not None:
+                step.swap_out.extend(zip(table.tolist(), list(host_ids)))
+                self.kv.free(seq.seq_id)
+                seq.host_blocks = list(host_ids)
+                seq.status = SequenceStatus.SWAPPED
+                bisect.insort(self.swapped, seq, key=_arrival)
+                self.num_swap_outs += 1
+                return
         self.kv.free(seq.seq_id)
         seq.num_computed_tokens = 0
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
-        preempted.append(seq)
-        self.add(seq)
+        self._enqueue(seq)
 
-    def _schedule_waiting(self, budget, entries, slots, cow) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            extra = seq.request.extra_key
+    def _swapped_pending(self) -> bool:
+        """True while a swapped sequence waits to come back (new admissions wait for it)."""
+        return any(not s.is_idle for s in self.swapped)
+
+    def _hashes(self, req: Request) -> np.ndarray:
+        """The prompt's block hashes, computed once per request (kept across preemptions)."""
+        if req.block_hashes is None:
+            req.block_hashes = self.kv.block_hashes(
+                np.asarray(req.prompt_token_ids, dtype=np.int32), req.extra_key)
+        return req.block_hashes
+
+    def _schedule_swapped(self, budget: int, step: _Step) -> int:
+        bs = self.block_size
+        for seq in list(self.swapped):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
+            if seq.is_idle:
+                continue
+            req = seq.request
+            computed = seq.num_computed_tokens
+            n_new = min(seq.num_tokens - computed, budget)
+            tokens = np.asarray(seq.token_ids, dtype=np.int32)
+            hashes = self._hashes(req)
+            cached, fit = self.kv.query_admission(tokens, hashes, req.extra_key, computed,
+                                                  seq.num_tokens)
+            need = computed - cached + n_new
+            if fit < need:
+                break
+            res = self.kv.admit(seq.seq_id, tokens, hashes, req.extra_key, computed, need)
+            assert res is not None and res[0] == cached, "query_admission promised room"
+            _, slots, cow = res
+            table = self.kv.block_table(seq.seq_id)
+            # Blocks past the cached prefix come back from the host (the cached ones are on
+            # the device already); the last may be partial and this step writes into it.
+            for i in range(cached // bs, -(-computed // bs)):
+                step.swap_in.append((seq.host_blocks[i], int(table[i])))
+            self._host_to_release.extend(seq.host_blocks)
+            seq.host_blocks = None
+            self.swapped.remove(seq)
+            self._run(seq)
+            self.num_swap_ins += 1
+            step.add(seq, computed, n_new, slots[computed - cached:], cow)
+            budget -= n_new
+        return budget
+
+    def _schedule_waiting(self, budget: int, step: _Step) -> None:
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[i]
+            if seq.is_idle:
+                i += 1
+                continue
+            req = seq.request
+            tokens = np.asarray(seq.token_ids, dtype=np.int32)
+            hashes = self._hashes(req)
             # Prompt logprobs need logits at every prompt position: no prefix hits for those.
-            lookup = seq.token_ids[:1] if seq.request.prompt_logprobs is not None else seq.token_ids
-            cached = self.kv.num_cached_tokens(lookup, extra)
+            max_cached = 0 if req.prompt_logprobs is not None else seq.num_tokens
+            cached, fit = self.kv.query_admission(tokens, hashes, req.extra_key, max_cached,
+                                                  budget)
             n = min(seq.num_tokens - cached, budget)
-            if not self.kv.can_allocate(lookup, extra, n):
+            if fit < n:
                 # With nothing running, admit a smaller first chunk rather than stall forever.
-                n = min(n, self.kv.block_size)
-                if self.running or not self.kv.can_allocate(lookup, extra, n):
+                if self.running or fit < min(n, self.block_size):
                     break
-            self.waiting.pop(0)
-            cached = self.kv.allocate(seq.seq_id, lookup, extra)
+                n = fit
+            res = self.kv.admit(seq.seq_id, tokens, hashes, req.extra_key, max_cached, n)
+            assert res is not None and res[0] == cached, "query_admission promised room"
+            self.waiting.pop(i)
             seq.num_computed_tokens = cached
-            res = self.kv.append(seq.seq_id, seq.token_ids[cached:cached + n])
-            assert res is not None, "can_allocate promised room"
-            entries.append(ScheduledSeq(seq, cached, n))
-            slots.append(res[0])
-            if len(res[1]):
-                cow.append(res[1])
+            step.add(seq, cached, n, res[1], res[2])
             budget -= n
-            seq.status = SequenceStatus.RUNNING
-            bisect.insort(self.running, seq, key=lambda s: s.arrival_key)
+            self._run(seq)
+
+    def _unblock(self, step: _Step) -> None:
+        """Nothing was scheduled although work remains: readmit what was just preempted, then
+        free idle sequences' blocks (latest first), then fail what can never fit."""
+        budget = self.max_num_batched_tokens
+        while True:
+            budget = self._schedule_swapped(budget, step)
+            if not self._swapped_pending():
+                self._schedule_waiting(budget, step)
+            if step.entries:
+                return
+            idle = [s for s in self.running if s.num_tokens == s.num_computed_tokens]
+            if idle:
+                self._preempt(idle[-1], step)
+                continue
+            if self.running:
+                return  # running sequences hold the pool and will make progress
+            head = next((s for s in self.swapped + self.waiting if not s.is_idle), None)
+            if head is None:
+                return
+            free = self.kv.num_available_blocks
+            need = -(-(head.num_tokens + 1) // self.block_size)
+            self.fail_request(head.request, (
+                f"the request cannot be scheduled: its sequence of {head.num_tokens} tokens "
+                f"needs {need} KV blocks of {self.block_size} tokens and the pool can give "
+                f"{free} of {self.kv.num_blocks} (watermark {self.kv.watermark_blocks}); raise "
+                f"num_kv_blocks / kv_cache_memory_bytes, or lower max_tokens, n or beam_width"))
+
+    def _pack(self, step: _Step) -> SchedulerOutput:
+        """Orders the entries (decodes first), forks best_of requests whose prompt completes,
+        and builds the arrays the worker consumes."""
+        entries = step.entries
+        order = sorted(range(len(entries)), key=lambda i: entries[i].num_new_tokens != 1)
+        entries = [entries[i] for i in order]
+        slots = [step.slots[i] for i in order]
+        num_seqs = len(entries)
+        num_decode = sum(1 for e in entries if e.num_new_tokens == 1)
+        q_lens = np.fromiter((e.num_new_tokens for e in entries), dtype=np.int32, count=num_seqs)
+        starts = np.fromiter((e.start for e in entries), dtype=np.int64, count=num_seqs)
+        cu = np.zeros(num_seqs + 1, dtype=np.int32)
+        np.cumsum(q_lens, out=cu[1:])
+        num_tokens = int(cu[-1])
+        # input_ids / positions: [num_tokens]
+        if num_decode == num_seqs:
+            input_ids = np.fromiter((e.seq.token_ids[e.start] for e in entries), dtype=np.int64,
+                                    count=num_seqs)
+            positions = starts
+        else:
+            ids: List[int] = []
+            for e in entries:
+                ids.extend(e.seq.token_ids[e.start:e.start + e.num_new_tokens])
+            input_ids = np.asarray(ids, dtype=np.int64)
+            positions = np.repeat(starts - cu[:-1], q_lens) + np.arange(num_tokens)
+
+        sample_rows: List[int] = []
+        targets: List[SampleTarget] = []
+        beam_rows: List[Tuple[int, Sequence]] = []
+        spans: List[Tuple[int, int, int]] = []
+        for i, e in enumerate(entries):
+            seq, req = e.seq, e.seq.request
+            if req.prompt_logprobs is not None and e.start < seq.num_prompt_tokens - 1:
+                spans.append((i, int(cu[i]), int(cu[i + 1])))
+            if e.context_len != seq.num_tokens:
+                continue  # a prompt chunk short of the end: nothing to sample yet
+            row = len(sample_rows)
+            sample_rows.append(int(cu[i + 1]) - 1)
+            if req.beam is not None:
+                beam_rows.append((row, seq))
+                continue
+            if req.params.best_of > 1 and not req.forked:
+                req.forked = True
+                for index in range(1, req.params.best_of):
+                    child = Sequence(req, index, seq.token_ids, req.make_generator(index))
+                    req.seqs.append(child)
+                    self.kv.fork(seq.seq_id, child.seq_id)
+                    child.num_computed_tokens = e.start
+                    e.forks.append(child)
+                    self._run(child)
+                targets.extend(SampleTarget(row, s, req.params) for s in [seq, *e.forks])
+            else:
+                targets.append(SampleTarget(row, seq, req.params))
+
+        seq_ids = np.fromiter((e.seq.seq_id for e in entries), dtype=np.int64, count=num_seqs)
+        transfer = KVTransferPlan(
+            swap_out=as_pairs(step.swap_out), swap_in=as_pairs(step.swap_in),
+            copies=(np.concatenate(step.cow).astype(np.int64) if step.cow else as_pairs([])))
+        return SchedulerOutput(
+            scheduled=entries,
+            num_decode_seqs=num_decode,
+            input_ids=input_ids,
+            positions=positions,
+            slot_mapping=np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64),
+            block_tables=(self.kv.block_tables(seq_ids) if entries
+                          else np.zeros((0, 0), np.int32)),
+            context_lens=(starts + q_lens).astype(np.int32),
+            cu_seqlens_q=cu,
+            logits_indices=np.asarray(sample_rows, dtype=np.int64),
+            prompt_logit_spans=spans,
+            transfer=transfer,
+            sample_targets=targets,
+            beam_rows=beam_rows,
+            preempted=step.preempted,
+        )
+
+    # --- applying a step's results -------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, logits: Optional[torch.Tensor],
+                           prompt_logits: Dict[int, torch.Tensor],
+                           results: List[SampleResult]) -> List[RequestOutput]:
+        """Applies one executed step: the only place request and sequence state changes.
+
+        Args:
+            out: the step as schedule() returned it.
+            logits: float32 [len(out.logits_indices), vocab] on the host (beam rows are read).
+            prompt_logits: entry index -> float32 [rows, vocab] for prompt logprobs.
+            results: one SampleResult per out.sample_targets, in order.
+        Returns:
+            A RequestOutput for every non-beam request that got new tokens or finished (only
+            the finished ones when stream_outputs is False), plus any failed requests.
+        """
+        for e in out.scheduled:
+            e.seq.num_computed_tokens = e.context_len
+            for f in e.forks:
+                f.num_computed_tokens = e.context_len
+        for i, pl in prompt_logits.items():
+            e = out.scheduled[i]
+            self.processor.add_prompt_logprobs(e.seq, e.start, pl)
+
+        touched: Dict[str, Request] = {}
+        for row, seq in out.beam_rows:
+            if seq.is_finished:
+                continue
+            beam_search.store_candidates(seq, logits[row], seq.request.beam.params)
+            touched[seq.request.request_id] = seq.request
+        now = time.monotonic()
+        for t, r in zip(out.sample_targets, results):
+            seq = t.seq
+            if seq.is_finished:
+                continue
+            reason = self.processor.apply(seq, r, now)
+            if reason is not None:
+                self._finish(seq, reason)
+            touched[seq.request.request_id] = seq.request
+        self.num_generation_tokens += len(results)
+
+        outputs = self.take_failed_outputs()
+        for req in touched.values():
+            if req.beam is not None:
+                if beam_search.ready(req):
+                    beam_search.advance(req, self, set(self.eos_token_ids), self.max_model_len,
+                                        self._free_beam)
+                    self.num_generation_tokens += len(req.seqs)
+                continue
+            if req.finished:
+                self.requests.pop(req.request_id, None)
+            if req.finished or self.stream_outputs:
+                outputs.append(OutputProcessor.request_output(req))
+        return outputs
+
+    def _free_beam(self, seq: Sequence) -> None:
+        self._finish(seq, "stop")
+
+    def fail_step(self, out: SchedulerOutput, message: str,
+                  only: Optional[Iterable[Request]] = None) -> None:
+        """Fails the requests of a step that could not run (or only `only`), freeing every
+        block the step reserved for them; the other requests carry on."""
+        reqs = {e.seq.request.request_id: e.seq.request for e in out.scheduled}
+        # Victims swapped out by this step: their copies may not have run.
+        reqs.update({s.request.request_id: s.request for s in out.preempted
+                     if s.status is SequenceStatus.SWAPPED})
+        if only is not None:
+            reqs = {r.request_id: r for r in only}
+        for req in reqs.values():
+            self.fail_request(req, message)

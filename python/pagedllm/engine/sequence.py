@@ -1,9 +1,13 @@
 """Requests and their sequences: the engine's bookkeeping of what each stream has produced.
 
-A Request holds one prompt and its SamplingParams. It starts with one Sequence; when its
-prompt has been computed and best_of > 1, the sequence is forked so that every sample shares
-the prompt's KV blocks. Each Sequence is one token stream with its own KV blocks (shared or
-not) in the KVCacheManager, keyed by ``seq_id``.
+A Request holds one prompt and its SamplingParams. It starts with one Sequence; in the step
+that computes the end of its prompt, when best_of > 1, the sequence is forked so that every
+sample shares the prompt's KV blocks. Each Sequence is one token stream with its own KV blocks
+(shared or not) in the KVCacheManager, keyed by ``seq_id``.
+
+Only the scheduler (scheduler.py and the update helpers it calls: output_processor.py,
+stop_checker.py, beam_search.py) changes these objects after construction; everything else
+reads them. tests/python/test_state_ownership.py checks that structurally.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ _arrivals = itertools.count()
 class SequenceStatus(enum.Enum):
     """Where a sequence is in its life."""
 
-    WAITING = "waiting"  # not holding KV blocks (new or preempted)
+    WAITING = "waiting"  # not holding KV blocks (new, or preempted to be recomputed)
     RUNNING = "running"  # holding KV blocks, scheduled every step
+    SWAPPED = "swapped"  # preempted by swapping: its blocks are in the host pool
     FINISHED = "finished"
 
 
@@ -61,6 +66,13 @@ class Sequence:
         self.num_preemptions = 0
         self.beam_pending: Optional[list] = None  # beam search: (token, logprob) candidates
         self.beam_logprobs: list = []             # beam search: chosen tokens' logprobs
+        self.host_blocks: Optional[List[int]] = None  # SWAPPED: host pool ids, logical order
+
+    @property
+    def is_idle(self) -> bool:
+        """True while the sequence has nothing to compute until its siblings catch up (a beam
+        holding its candidates): the scheduler neither schedules nor readmits it."""
+        return self.beam_pending is not None
 
     @property
     def num_tokens(self) -> int:
@@ -119,6 +131,8 @@ class Request:
         self.forked = False
         self.prompt_token_mask: Any = None  # [vocab] bool, made once by the sampler if needed
         self.prompt_logprobs: Optional[list] = [None] if params.prompt_logprobs is not None else None
+        self.block_hashes: Any = None  # uint64 [full prompt blocks], made once at admission
+        self.error: Optional[str] = None  # why the engine failed this request, if it did
         self.seqs: List[Sequence] = [Sequence(self, 0, prompt_token_ids, self.make_generator(0))]
 
     def make_generator(self, index: int) -> Optional[torch.Generator]:

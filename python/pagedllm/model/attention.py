@@ -1,4 +1,5 @@
-"""Attention over the paged KV cache: the per-step metadata and the call into the _core kernels.
+"""Attention over the paged KV cache: the per-step metadata and the calls into the kernels
+(through pagedllm.ops, which picks the CPU or the CUDA ones by the cache's device).
 
 A step's tokens are packed: first `num_decode_seqs` sequences with one new token each (the
 decode kernel), then sequences with one or more new tokens (prefill, whole or a chunk, possibly
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pagedllm import _core
+from pagedllm import ops
 
 
 @dataclass
@@ -63,7 +64,9 @@ class AttentionMetadata:
         if not 0 <= nd <= self.num_seqs:
             raise ValueError(f"num_decode_seqs = {nd}: expected 0..{self.num_seqs}")
         cu = self.cu_seqlens_q
-        if int(cu[0]) != 0 or int(cu[nd]) != nd or int(cu[-1]) != self.num_tokens:
+        # Values are checked here for host tensors; the engine checks device metadata on the host
+        # before uploading it (ModelRunner), so no layer loop ever waits on the device.
+        if cu.device.type == "cpu" and (int(cu[0]) != 0 or int(cu[nd]) != nd or int(cu[-1]) != self.num_tokens):
             raise ValueError(
                 f"cu_seqlens_q must start at 0, reach num_decode_seqs = {nd} after the decode "
                 f"sequences and end at num_tokens = {self.num_tokens}; got cu[0] = {int(cu[0])}, "
@@ -99,17 +102,17 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     Returns:
         out: [num_tokens, num_heads, head_dim] in query's dtype.
     """
-    _core.reshape_and_cache(key, value, key_cache, value_cache, meta.slot_mapping,
+    ops.reshape_and_cache(key, value, key_cache, value_cache, meta.slot_mapping,
                             kv_cache_dtype, k_scale, v_scale)
     # out: [num_tokens, num_heads, head_dim]
-    out = torch.empty(query.shape, dtype=query.dtype)
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     nd = meta.num_decode_seqs
     if nd:
-        _core.paged_attention_decode(out[:nd], query[:nd], key_cache, value_cache,
+        ops.paged_attention_decode(out[:nd], query[:nd], key_cache, value_cache,
                                      meta.decode_block_tables, meta.decode_context_lens, scale,
                                      kv_cache_dtype, k_scale, v_scale)
     if meta.num_prefill_seqs:
-        _core.paged_attention_prefill(out[nd:], query[nd:], key_cache, value_cache,
+        ops.paged_attention_prefill(out[nd:], query[nd:], key_cache, value_cache,
                                       meta.prefill_block_tables, meta.prefill_cu_seqlens_q,
                                       meta.prefill_context_lens, scale, kv_cache_dtype,
                                       k_scale, v_scale)

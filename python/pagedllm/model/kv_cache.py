@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedllm import _core
+from pagedllm import ops
 from pagedllm.model.config import ModelConfig
 
 # kv_cache_dtype name -> (storage torch dtype, None meaning the model dtype; the name the kernels
@@ -61,11 +61,13 @@ class PagedKVCache:
         kv_cache_dtype: storage dtype name (see module doc).
         k_scale, v_scale: fp8 scales (stored = value / scale); ignored by other dtypes.
         dtype: the model dtype, which "auto" means.
+        device: where the pool lives (the CPU, or a GPU for the CUDA kernels).
     """
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
                  kv_cache_dtype: str = "auto", k_scale: float = 1.0, v_scale: float = 1.0,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks = {num_blocks}, block_size = {block_size}: "
                              f"expected >= 1 each")
@@ -78,7 +80,9 @@ class PagedKVCache:
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
         # pool: [num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim]
         self.pool = torch.zeros(num_blocks, config.num_hidden_layers, 2, config.num_key_value_heads,
-                                block_size, config.head_dim, dtype=self.storage_dtype)
+                                block_size, config.head_dim, dtype=self.storage_dtype,
+                                device=device)
+        self.device = self.pool.device
         # per layer: [num_blocks, num_kv_heads, block_size, head_dim] views, made once.
         self._key_caches = [self.pool[:, i, 0] for i in range(self.num_layers)]
         self._value_caches = [self.pool[:, i, 1] for i in range(self.num_layers)]
@@ -113,10 +117,10 @@ class PagedKVCache:
                 copy-on-write. Destinations distinct and never also a source.
         Raises:
             ValueError / IndexError: a malformed pairs tensor or an id outside the pool (from
-                _core.copy_blocks, before anything is copied).
+                the kernels, before anything is copied).
         """
         pairs = torch.as_tensor(pairs)
         if pairs.numel() == 0:
             return
         # the pool's first dim is blocks and each block is contiguous: one copy per pair
-        _core.copy_blocks([self.pool], pairs)
+        ops.copy_blocks([self.pool], pairs)

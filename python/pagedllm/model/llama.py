@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm import _core
+from pagedllm import ops
 from pagedllm.model import packed_linear
 from pagedllm.model.attention import AttentionMetadata, paged_attention
 from pagedllm.model.config import ModelConfig
@@ -90,7 +90,7 @@ class RMSNorm(nn.Module):
             if x.device.type == "cpu":
                 rows = x.reshape(-1, x.shape[-1])  # [n, hidden] (a view when contiguous)
                 out = torch.empty_like(rows)
-                _core.rms_norm(out, rows, self.weight, self.eps)
+                ops.rms_norm(out, rows, self.weight, self.eps)
                 return out.view(x.shape)
             return F.rms_norm(x, self.shape, self.weight, self.eps)
         h = x.float()

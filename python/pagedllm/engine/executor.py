@@ -1,0 +1,66 @@
+"""Executor: the engine's one handle on the workers that own the devices.
+
+The engine hands it each step's SchedulerOutput and gets back the step's logits on the host
+(ModelOutput); it never sees a device tensor. `UniProcExecutor` runs one Worker in the engine's
+own process and thread; executors for tensor parallelism (workers in spawned processes over
+torch.distributed) and for Ray (workers across hosts) implement the same four members.
+"""
+
+from __future__ import annotations
+
+import abc
+
+from pagedllm.config import EngineConfig
+from pagedllm.engine.model_runner import ModelOutput
+from pagedllm.engine.scheduler import SchedulerOutput
+from pagedllm.engine.worker import KVLayout, Worker
+from pagedllm.model import ModelConfig
+
+
+class Executor(abc.ABC):
+    """What the engine needs of the device side."""
+
+    model_config: ModelConfig
+    layout: KVLayout
+
+    @abc.abstractmethod
+    def execute_model(self, out: SchedulerOutput) -> ModelOutput:
+        """Runs one step (transfer plan, forward) and returns its logits on the host."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Releases the workers (pending transfers finish first)."""
+
+    @property
+    @abc.abstractmethod
+    def device_description(self) -> str:
+        """Where the model runs, for logs and stats (e.g. "cpu, float32")."""
+
+
+class UniProcExecutor(Executor):
+    """One Worker in the calling process.
+
+    Args:
+        config: the engine options.
+        model_path: the checkpoint directory.
+    """
+
+    def __init__(self, config: EngineConfig, model_path: str):
+        self.worker = Worker(config, model_path)
+        self.model_config = self.worker.model_config
+        self.layout = self.worker.layout
+
+    def execute_model(self, out: SchedulerOutput) -> ModelOutput:
+        return self.worker.execute_model(out)
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()
+
+    @property
+    def device_description(self) -> str:
+        return f"{self.worker.device}, {str(self.worker.dtype).replace('torch.', '')}"
+
+
+def make_executor(config: EngineConfig, model_path: str) -> Executor:
+    """The executor for a config (in-process: the only one so far)."""
+    return UniProcExecutor(config, model_path)

@@ -1,0 +1,152 @@
+"""Worker: owns the device, the model and its dtype, the KV pools and the kernels' inputs.
+
+Built by an Executor from the EngineConfig. It resolves the device ("auto" | "cpu" | "cuda[:N]")
+and the dtype, loads the weights there, sizes the KV pool (on a GPU from the memory that the
+weights leave under gpu_memory_utilization, unless the config gives a budget), allocates the
+device pool and, for preemption by swapping, the host swap pool, then runs steps: the transfer
+plan's moves before the forward, the forward (ModelRunner), the plan's stores after it.
+Everything that touches a device tensor lives here or below (model, ops, kernels).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from pagedllm.config import EngineConfig
+from pagedllm.engine import device as devices
+from pagedllm.engine.host_swap import HostSwapPool
+from pagedllm.engine.kv_sizing import KVPlan, plan_kv_pool
+from pagedllm.engine.kv_transfer import KVTransferEngine
+from pagedllm.engine.model_runner import ModelOutput, ModelRunner
+from pagedllm.engine.scheduler import SchedulerOutput
+from pagedllm.model import ModelConfig, PagedKVCache, load_model
+
+logger = logging.getLogger("pagedllm")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# headroom kept on a GPU for activations of the largest step (beyond the weights)
+_GPU_ACTIVATION_RESERVE = 1 << 30
+
+
+@dataclass
+class KVLayout:
+    """What the scheduler needs to know of the pools the worker built.
+
+    Attributes:
+        plan: the device pool (blocks, bytes per block, max_model_len, watermark).
+        num_host_blocks: blocks in the host swap pool (0: none).
+    """
+
+    plan: KVPlan
+    num_host_blocks: int
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The model dtype of a config's `dtype` on a device.
+
+    Raises:
+        ValueError: float16 on the CPU (the CPU kernels and oneDNN paths expect fp32 or bf16).
+    """
+    if name == "auto":
+        return devices.model_dtype_for(device)
+    dtype = _DTYPES[name]
+    if dtype == torch.float16 and device.type == "cpu":
+        raise ValueError("dtype='float16' is not supported on the CPU (use float32 or bfloat16, "
+                         "or device='cuda')")
+    return dtype
+
+
+class Worker:
+    """The device side of the engine (one process, one device).
+
+    Args:
+        config: the engine options.
+        model_path: the checkpoint directory.
+    Raises:
+        RuntimeError: device="cuda" without a GPU or without the CUDA kernels (names the flag).
+        ValueError / CheckpointError: bad options or checkpoint.
+    """
+
+    def __init__(self, config: EngineConfig, model_path: str):
+        try:
+            self.device = devices.resolve_device(config.device)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e} (option device / --device)") from None
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        on_gpu = self.device.type == "cuda"
+        if on_gpu:
+            torch.cuda.set_device(self.device)
+        model, self.model_config = load_model(
+            model_path, dtype=self.dtype,
+            prepack=config.prepack_weights and not on_gpu and self.dtype != torch.float16)
+        self.model = model.to(self.device) if on_gpu else model
+
+        bytes_per_block = PagedKVCache.bytes_per_block(self.model_config, config.block_size,
+                                                       config.kv_cache_dtype, self.dtype)
+        device_budget = None
+        if on_gpu and config.num_kv_blocks is None and config.kv_cache_memory_bytes is None:
+            device_budget = devices.gpu_kv_budget_bytes(
+                self.device, config.gpu_memory_utilization, _GPU_ACTIVATION_RESERVE)
+        plan = plan_kv_pool(config, bytes_per_block, self.model_config.max_position_embeddings,
+                            device_budget)
+        self.kv_cache = PagedKVCache(self.model_config, plan.num_blocks, config.block_size,
+                                     config.kv_cache_dtype, config.k_scale, config.v_scale,
+                                     dtype=self.dtype, device=self.device)
+        num_host_blocks = 0
+        self.host_pool = None
+        if config.preemption_mode == "swap":
+            num_host_blocks = config.swap_space_bytes // bytes_per_block
+            if num_host_blocks < 1:
+                raise ValueError(
+                    f"swap_space={config.swap_space} GiB holds no KV block ({bytes_per_block} "
+                    f"bytes each); raise swap_space or use preemption_mode='recompute'")
+            # Never more host blocks than the device pool has: a victim's blocks come from it.
+            num_host_blocks = min(num_host_blocks, plan.num_blocks)
+        self.streams = None
+        if on_gpu:
+            from pagedllm import _core
+
+            self.streams = _core.cuda.Streams(self.device.index or 0,
+                                              torch.cuda.current_stream(self.device).cuda_stream)
+            # Kernels record bad device-side values instead of waiting after each call; the
+            # step checks once, after its logits reach the host (which waits anyway).
+            _core.cuda.set_validation("deferred")
+        if num_host_blocks:
+            self.host_pool = HostSwapPool(self.kv_cache.pool, num_host_blocks, self.streams)
+        self.layout = KVLayout(plan, num_host_blocks)
+        self.transfer = KVTransferEngine(self.kv_cache, self.host_pool, self.streams)
+        self.model_runner = ModelRunner(self.model, self.kv_cache)
+        logger.info("worker: %s, %s weights, %d KV blocks of %d tokens (%.1f MiB)%s",
+                    self.device, str(self.dtype).replace("torch.", ""), plan.num_blocks,
+                    config.block_size, plan.num_blocks * bytes_per_block / (1 << 20),
+                    f", {num_host_blocks} host swap blocks" if num_host_blocks else "")
+
+    def execute_model(self, out: SchedulerOutput) -> ModelOutput:
+        """Runs one step: transfers before, the forward, transfers after.
+
+        Args:
+            out: the scheduler's output (arrays and the KV transfer plan).
+        Returns:
+            The step's logits on the host.
+        """
+        written = out.slot_mapping // self.kv_cache.block_size
+        self.transfer.before_forward(out.transfer, written)
+        result = self.model_runner.execute(out)
+        self.transfer.after_forward(out.transfer)
+        if self.streams is not None:
+            self._check_device_errors()
+        return result
+
+    def _check_device_errors(self) -> None:
+        from pagedllm import _core
+
+        check = getattr(_core.cuda, "check_errors", None)
+        if check is not None:
+            check()
+
+    def shutdown(self) -> None:
+        """Finishes pending transfers."""
+        self.transfer.shutdown()
