@@ -6,7 +6,7 @@ import argparse
 import re
 from typing import Any, Dict, Optional
 
-from pagedllm.config import KV_CACHE_DTYPES, EngineConfig
+from pagedllm.config import KV_CACHE_DTYPES, MODEL_DTYPES, PREEMPTION_MODES, EngineConfig
 
 
 class CliError(Exception):
@@ -76,7 +76,9 @@ _ENGINE_FLAGS: Dict[str, str] = {
     "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
     "max_model_len": "max_model_len", "enable_prefix_caching": "enable_prefix_caching",
     "watermark": "watermark", "seed": "seed", "num_threads": "num_threads",
-    "prepack_weights": "prepack_weights",
+    "prepack_weights": "prepack_weights", "device": "device", "dtype": "dtype",
+    "gpu_memory_utilization": "gpu_memory_utilization", "preemption_mode": "preemption_mode",
+    "swap_space": "swap_space",
 }
 # EngineConfig field -> the flag that sets it (for hints in error messages)
 FLAG_OF_FIELD = {field: "--" + dest.replace("_", "-") for dest, field in _ENGINE_FLAGS.items()}
@@ -110,6 +112,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="CPU threads (all available cores)")
     g.add_argument("--prepack-weights", action=argparse.BooleanOptionalAction, default=None,
                    help="weights in oneDNN's blocked layout for faster CPU matmuls (on)")
+    g.add_argument("--device", metavar="DEV",
+                   help="auto, cpu, cuda or cuda:N (auto: a GPU when usable, else the CPU)")
+    g.add_argument("--dtype", choices=MODEL_DTYPES,
+                   help="weights and activations (auto: float32 on the CPU, bfloat16 on a GPU)")
+    g.add_argument("--gpu-memory-utilization", type=float, metavar="F",
+                   help="share of GPU memory the engine may use (0.9)")
+    g.add_argument("--preemption-mode", choices=PREEMPTION_MODES,
+                   help="when the KV pool runs out: recompute the victim later, or swap its "
+                        "blocks to host memory (recompute)")
+    g.add_argument("--swap-space", type=float, metavar="GIB",
+                   help="GiB of host memory for swapped-out KV blocks (4)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -36,7 +36,11 @@ logger = logging.getLogger("pagedllm")
 
 
 class EngineDeadError(RuntimeError):
-    """The engine thread stopped (shut down, or a step raised); no request can run."""
+    """The engine thread stopped (shut down, or a bug escaped a step); no request can run."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed one request (an error inside its step); the engine carries on."""
 
 
 class RequestStream:
@@ -61,6 +65,9 @@ class RequestStream:
     def _put(self, output: RequestOutput) -> None:
         if self._closed:
             return
+        if output.error is not None:
+            self._close(RequestFailedError(output.error))
+            return
         self._latest = output
         if output.finished:
             self.finished = True
@@ -73,6 +80,7 @@ class RequestStream:
         self._closed = True
         self.aborted = error is None
         self._error = error
+        self._latest = None if error is not None else self._latest
         self._event.set()
 
     def __aiter__(self) -> "RequestStream":

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from pagedllm.engine.host_swap import HostSwapPool
-from pagedllm.engine.transfer_plan import KVTransferPlan
+from pagedllm.engine.transfer_plan import KVTransferPlan, copy_waves
 from pagedllm.model import PagedKVCache
 
 # (key, block tensor view) -> fills the block; (block tensor view, key) -> persists it
@@ -89,9 +89,7 @@ class KVTransferEngine:
             self._note("swap_in", len(plan.swap_in))
             self.host_pool.swap_in(plan.swap_in)
         self._run_loads(plan)
-        if len(plan.copies):
-            self._note("copy", len(plan.copies))
-            self.kv_cache.copy_blocks(torch.from_numpy(plan.copies))
+        self._run_copies(plan)
 
     def after_forward(self, plan: KVTransferPlan) -> None:
         """Queues the plan's stores (they read blocks the forward just wrote)."""
@@ -146,9 +144,14 @@ class KVTransferEngine:
         if ticket:
             s.compute_wait(ticket)  # on the device: the forward reads / overwrites those blocks
         self._run_loads(plan)
-        if len(plan.copies):
-            self._note("copy", len(plan.copies))
-            self.kv_cache.copy_blocks(torch.from_numpy(plan.copies))
+        self._run_copies(plan)
+
+    def _run_copies(self, plan: KVTransferPlan) -> None:
+        if not len(plan.copies):
+            return
+        self._note("copy", len(plan.copies))
+        for wave in copy_waves(plan.copies):
+            self.kv_cache.copy_blocks(torch.from_numpy(np.ascontiguousarray(wave)))
 
     def _run_loads(self, plan: KVTransferPlan) -> None:
         if not plan.loads:

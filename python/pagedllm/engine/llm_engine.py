@@ -275,6 +275,9 @@ class LLMEngine:
             result = self.executor.execute_model(out)
         except Exception as e:  # noqa: BLE001 - the step's requests fail, not the engine
             self._fail(out, f"the model step failed: {type(e).__name__}: {e}")
+            # Blocks this step filled were registered in the prefix cache before their K/V were
+            # computed: forget every entry rather than ever serve one.
+            self.kv_manager.reset_prefix_cache()
             return self.scheduler.take_failed_outputs()
         self.num_steps += 1
         results = self._sample(out, result.logits)

@@ -204,14 +204,15 @@ class Scheduler:
     def fail_request(self, req: Request, message: str) -> None:
         """Finishes a request with finish_reason "error"; its output (with `message`) is
         returned by the next update_from_output / take_failed_outputs."""
-        if self.requests.pop(req.request_id, None) is None:
+        if req.request_id not in self.requests or req.error is not None:
             return
         req.error = message
         for seq in req.seqs:
             self._finish(seq, "error")
         if req.beam is not None:
             req.beam.done = True
-            return  # beam_search_result reports it
+            return  # kept until pop_finished_beam reports it
+        del self.requests[req.request_id]
         self._failed.append(OutputProcessor.request_output(req))
 
     def take_failed_outputs(self) -> List[RequestOutput]:
@@ -283,7 +284,7 @@ class Scheduler:
         """Picks this step's work, reserves its slots and plans its block moves."""
         if self._host_to_release:
             for b in self._host_to_release:
-                self.host.release(b)
+                self.host.decref(b)
             self._host_to_release = []
         step = _Step()
         budget = self._schedule_running(self.max_num_batched_tokens, step)

@@ -59,3 +59,29 @@ class KVTransferPlan:
     def has_pre_forward(self) -> bool:
         """True when something must run before the forward."""
         return bool(len(self.swap_out) or len(self.swap_in) or len(self.copies) or self.loads)
+
+
+def copy_waves(pairs: np.ndarray) -> List[np.ndarray]:
+    """Splits ordered (src, dst) copies into batches that the kernels may run in parallel.
+
+    One step can free a block that an earlier copy reads and hand it out as a later copy's
+    destination (a preempted sharer), or hand the same block out twice; the kernels need
+    distinct destinations that are never sources. Each wave keeps that, and waves run in order,
+    so the result equals running the pairs one by one.
+
+    Args:
+        pairs: int64 [k, 2] in the order the scheduler produced them.
+    Returns:
+        Consecutive slices of `pairs` (one when nothing conflicts).
+    """
+    waves, start = [], 0
+    srcs: set = set()
+    dsts: set = set()
+    for i, (src, dst) in enumerate(pairs.tolist()):
+        if src in dsts or dst in srcs or dst in dsts:
+            waves.append(pairs[start:i])
+            start, srcs, dsts = i, set(), set()
+        srcs.add(src)
+        dsts.add(dst)
+    waves.append(pairs[start:])
+    return [w for w in waves if len(w)]

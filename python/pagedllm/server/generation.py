@@ -10,7 +10,7 @@ from typing import AsyncIterator, List, Optional, Tuple
 
 from fastapi import Request
 
-from pagedllm.engine.async_engine import EngineDeadError, RequestStream
+from pagedllm.engine.async_engine import EngineDeadError, RequestFailedError, RequestStream
 from pagedllm.engine.llm_engine import without_request_id
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
@@ -115,7 +115,7 @@ async def merge(streams: List[RequestStream]) -> AsyncIterator[Tuple[int, Reques
             async for out in stream:
                 queue.put_nowait((i, out))
             queue.put_nowait((i, None))
-        except EngineDeadError as e:
+        except (EngineDeadError, RequestFailedError) as e:
             queue.put_nowait((i, e))
 
     tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
@@ -129,6 +129,8 @@ async def merge(streams: List[RequestStream]) -> AsyncIterator[Tuple[int, Reques
                     raise OpenAIError(503, "the request was aborted: the server is shutting down")
             elif isinstance(item, EngineDeadError):
                 raise OpenAIError(503, str(item))
+            elif isinstance(item, RequestFailedError):
+                raise OpenAIError(500, f"the engine failed the request: {item}")
             else:
                 yield i, item
     finally:
