@@ -36,6 +36,7 @@ class OpenAIError(Exception):
 
     def __init__(self, status: int, message: str, param: Optional[str] = None,
                  code: Optional[str] = None, type: Optional[str] = None):
+        message, param = _printable(message), _printable(param)
         super().__init__(message)
         self.status = status
         self.message = message
@@ -53,6 +54,14 @@ class OpenAIError(Exception):
         """A JSONResponse carrying this error."""
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def _printable(text: Optional[str]) -> Optional[str]:
+    """`text` with anything UTF-8 cannot encode (lone surrogates a client sent, quoted back in
+    the message) written as a backslash escape, so the error itself can always be sent."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad_request(message: str, param: Optional[str] = None) -> OpenAIError:
