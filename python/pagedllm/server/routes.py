@@ -60,9 +60,13 @@ def make_routers(api_key, metrics_public: bool = False) -> tuple:
             raise OpenAIError(503, f"the engine stopped: {engine.dead_error!r}")
         return Response(status_code=200)
 
-    @misc.api_route("/ping", methods=["GET", "POST"])
+    @misc.get("/ping")
     async def ping(request: Request) -> Response:
         """vLLM's (SageMaker's) liveness probe: the same answer as /health."""
+        return await health(request)
+
+    @misc.post("/ping")
+    async def ping_post(request: Request) -> Response:
         return await health(request)
 
     @misc.get("/version")
