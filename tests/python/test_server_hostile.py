@@ -190,7 +190,9 @@ def test_detokenize_and_tokenize_hostile_values(client):
     r = client.post("/detokenize", json={"tokens": [BIG]})
     assert r.status_code == 400
     r = client.post("/v1/completions", json={"prompt": [[1, 2], [BIG]], "max_tokens": 1})
-    assert r.status_code == 400
+    # The error names the bad token id, not pydantic's Union member tags.
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt.1.0"
+    assert "less than or equal to 2147483647" in r.json()["error"]["message"]
     r = post_raw(client, "/v1/completions", json.dumps({"prompt": [1, 2], "max_tokens": 1,
                                                         "stop_token_ids": list(range(65))}))
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop_token_ids"
