@@ -77,9 +77,10 @@ class StreamOptions(_Body):
         continuous_usage_stats: carry the usage so far on every chunk (vLLM).
         include_obfuscation: OpenAI's padding of chunks against side channels; accepted, and
             nothing is padded (the server runs where clients reach it directly).
+        Other options are ignored.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
     continuous_usage_stats: bool = False
     include_obfuscation: bool = True
