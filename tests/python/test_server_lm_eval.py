@@ -12,12 +12,11 @@ import json
 import textwrap
 
 import httpx
+import lm_eval  # noqa: F401  (pinned in the 'test' extra: a missing install fails, not skips)
 import pytest
 
 from pagedllm.server import ServerSettings
 from server_fixtures import serve_tiny_model
-
-lm_eval = pytest.importorskip("lm_eval")
 
 pytestmark = pytest.mark.slow
 
