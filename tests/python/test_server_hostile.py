@@ -197,3 +197,16 @@ def test_detokenize_and_tokenize_hostile_values(client):
                                                         "stop_token_ids": list(range(65))}))
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop_token_ids"
     assert_healthy(client)
+
+
+def test_the_issue_s_monopolising_requests_are_refused_by_default():
+    # Defect 4's requests, against the default limits: 4000 prompts x n=16 in a 44 KB body,
+    # and n=128 with logprobs=20 over 1000 tokens.
+    with ServerThread(create_app(ScriptedEngine())) as s, httpx.Client(base_url=s.url,
+                                                                        timeout=30) as c:
+        r = c.post("/v1/completions", json={"prompt": ["hi x"] * 4000, "n": 16, "max_tokens": 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+        r = c.post("/v1/completions", json={"prompt": "hi", "n": 128, "logprobs": 20,
+                                            "max_tokens": 1000})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+        assert c.get("/health").status_code == 200
