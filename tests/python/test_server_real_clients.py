@@ -36,13 +36,16 @@ def tokenize(server, text):
 
 def test_echo_logprobs_agree_with_generation(server, client):
     ctx = tokenize(server, "the quick brown fox")
+    as_ids = {"return_tokens_as_token_ids": True}
     gen = client.completions.create(model="tiny", prompt=ctx, max_tokens=1, temperature=0,
-                                    logprobs=2, extra_body={"ignore_eos": True})
+                                    logprobs=2, extra_body={"ignore_eos": True, **as_ids})
     g_lp = gen.choices[0].logprobs
+    g_id = int(g_lp.tokens[0].split(":")[1])
     # Score context + the greedy token: its echoed logprob is the one generation reported.
-    scored = client.completions.create(model="tiny", prompt=ctx + [_token_id(server, gen)],
-                                       max_tokens=0, echo=True, logprobs=2, temperature=0)
+    scored = client.completions.create(model="tiny", prompt=ctx + [g_id], max_tokens=0,
+                                       echo=True, logprobs=2, temperature=0, extra_body=as_ids)
     lp = scored.choices[0].logprobs
+    assert lp.tokens == [f"token_id:{t}" for t in ctx + [g_id]]
     assert len(lp.token_logprobs) == len(ctx) + 1 and lp.token_logprobs[0] is None
     assert lp.token_logprobs[-1] == pytest.approx(g_lp.token_logprobs[0], abs=1e-4)
     assert lp.top_logprobs[-1] == pytest.approx(g_lp.top_logprobs[0], abs=1e-4)
@@ -50,18 +53,6 @@ def test_echo_logprobs_agree_with_generation(server, client):
     assert lp.token_logprobs[-1] == pytest.approx(max(lp.top_logprobs[-1].values()), abs=1e-6)
     assert scored.choices[0].finish_reason == "length" and scored.usage.completion_tokens == 0
     assert all(v <= 0 for v in lp.token_logprobs[1:])
-
-
-def _token_id(server, completion):
-    """The id of a one-token completion (via return_tokens_as_token_ids on the same request)."""
-    r = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=30, json={
-        "model": "tiny", "prompt": completion.choices[0].text, "max_tokens": 1,
-        "add_special_tokens": False, "echo": True, "logprobs": 0,
-        "return_tokens_as_token_ids": True})
-    tokens = r.json()["choices"][0]["logprobs"]["tokens"]
-    ids = [int(t.split(":")[1]) for t in tokens[:-1]]
-    assert len(ids) == 1, tokens
-    return ids[0]
 
 
 def test_prompt_logprobs_field_matches_echo(server):
@@ -79,7 +70,10 @@ def test_prompt_logprobs_field_matches_echo(server):
 
 
 def test_guidellm_streaming_request_shape(server):
-    # The body guidellm 0.8's text-completions handler sends for a fixed-length benchmark.
+    # The bodies guidellm 0.8.1 sends for a fixed-length benchmark (TextCompletionsRequestHandler
+    # and ChatCompletionsRequestHandler.format in guidellm/backends/openai/request_handlers.py).
+    # guidellm itself is not installed: it pulls sanic, uvloop and pins of multidict and
+    # websockets that would change the shared test environment.
     body = {"model": "tiny", "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "max_tokens": 6, "stop": None, "ignore_eos": True,
