@@ -93,6 +93,12 @@ def test_unknown_fields_are_ignored_with_a_header(client, caplog):
     assert r.headers["x-ignored-fields"] == "foo"
     r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "user": "u"})
     assert "x-ignored-fields" not in r.headers  # informational fields are expected
+    # Names that cannot go in a header as they are: non-ASCII, control characters, very long.
+    r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "tempé": 1,
+                                             "a\r\nb": 1, "z" * 5000: 1})
+    assert r.status_code == 200, r.text
+    header = r.headers["x-ignored-fields"]
+    assert header.startswith("temp?, a??b, zzz") and len(header) <= 512
 
 
 def test_strict_fields_refuse_unknown_fields():
