@@ -21,8 +21,9 @@ from pagedllm.server.cache_salt import request_cache_key
 from pagedllm.server.errors import OpenAIError, bad_request
 from pagedllm.server.generation import (ClientDisconnected, Prompt, abort_all, check_beam_search,
                                         collect, merge, sampling_params, submit, truncate)
+from pagedllm.server.echo import echo_text, outputs_of, prompt_echo_logprobs
 from pagedllm.server.ignored_fields import ignored_fields_header
-from pagedllm.server.logprobs import completion_logprobs, concat, echo_logprobs, prompt_logprobs
+from pagedllm.server.logprobs import completion_logprobs, concat, prompt_logprobs
 from pagedllm.server.protocol import CompletionRequest, is_token_prompt
 from pagedllm.server.responses import CompletionChoice, CompletionResponse, UsageInfo
 from pagedllm.server.sse import DONE_EVENT, sse_event, sse_response
@@ -106,48 +107,15 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
     return JSONResponse(body.model_dump(), headers=headers)
 
 
-def _scored_only(comp: CompletionOutput) -> CompletionOutput:
-    """A choice of a max_tokens 0 request: the one token the engine ran is dropped."""
-    return replace(comp, text="", token_ids=[],
-                   logprobs=[] if comp.logprobs is not None else None,
-                   finish_reason="length" if comp.finish_reason is not None else None,
-                   stop_reason=None)
-
-
-def _outputs(req: CompletionRequest, out: RequestOutput) -> List[CompletionOutput]:
-    return [_scored_only(c) for c in out.outputs] if req.max_tokens == 0 else list(out.outputs)
-
-
-def _decoder(state: ServerState):
-    tk = state.tokenizer
-    if tk is None:
-        return lambda tid: f"token_id:{tid}"
-    return lambda tid: tk.decode([tid], skip_special_tokens=False)
-
-
-def _echo_text(state: ServerState, p: Prompt) -> str:
-    if p.text is not None:
-        return p.text
-    return state.tokenizer.decode(p.token_ids) if state.tokenizer is not None else ""
-
-
-def _echo_logprobs(state: ServerState, req: CompletionRequest, p: Prompt,
-                   out: RequestOutput):
-    if req.logprobs is None:
-        return None
-    return echo_logprobs(p.token_ids, out.prompt_logprobs, req.logprobs, _decoder(state),
-                         req.return_tokens_as_token_ids)
-
-
 def _choice(state: ServerState, req: CompletionRequest, i: int, p: Prompt, out: RequestOutput,
             comp: CompletionOutput) -> CompletionChoice:
-    prefix = _echo_text(state, p) if req.echo else ""
+    prefix = echo_text(state, p) if req.echo else ""
     logprobs = None
     if req.logprobs is not None and comp.logprobs is not None:
         logprobs = completion_logprobs(comp.token_ids, comp.logprobs, req.logprobs, len(prefix),
                                        req.return_tokens_as_token_ids)
         if req.echo:
-            logprobs = concat(_echo_logprobs(state, req, p, out), logprobs)
+            logprobs = concat(prompt_echo_logprobs(state, req, p, out), logprobs)
     plp = None
     if req.prompt_logprobs is not None:
         plp = prompt_logprobs(p.token_ids, out.prompt_logprobs, req.prompt_logprobs)
@@ -161,7 +129,7 @@ def _response(state: ServerState, req: CompletionRequest, request_id: str,
     choices = []
     completion_tokens = 0
     for i, (p, out) in enumerate(zip(prompts, finals)):
-        for comp in _outputs(req, out):
+        for comp in outputs_of(req, out):
             choices.append(_choice(state, req, i, p, out, comp))
             completion_tokens += len(comp.token_ids)
     choices.sort(key=lambda c: c.index)
@@ -186,8 +154,8 @@ async def _stream(state: ServerState, req: CompletionRequest, request_id: str,
 
     def echo(i: int, out: Optional[RequestOutput]):
         echoed.add(i)
-        text = _echo_text(state, prompts[i])
-        logprobs = _echo_logprobs(state, req, prompts[i], out) if out is not None else None
+        text = echo_text(state, prompts[i])
+        logprobs = prompt_echo_logprobs(state, req, prompts[i], out) if out is not None else None
         for j in range(req.n):
             yield chunk(CompletionChoice(index=i * req.n + j, text=text, logprobs=logprobs))
 
@@ -200,7 +168,7 @@ async def _stream(state: ServerState, req: CompletionRequest, request_id: str,
             if req.echo and i not in echoed:  # with logprobs: they come with the first output
                 for event in echo(i, out):
                     yield event
-            for comp in _outputs(req, out):
+            for comp in outputs_of(req, out):
                 key = (i, comp.index)
                 tracker = trackers[key]
                 tokens[key] = len(comp.token_ids)
@@ -209,7 +177,7 @@ async def _stream(state: ServerState, req: CompletionRequest, request_id: str,
                     continue
                 logprobs = None
                 if req.logprobs is not None and d.logprobs is not None:
-                    offset = d.text_offset + (len(_echo_text(state, prompts[i])) if req.echo else 0)
+                    offset = d.text_offset + (len(echo_text(state, prompts[i])) if req.echo else 0)
                     logprobs = completion_logprobs(d.token_ids, d.logprobs, req.logprobs, offset,
                                                    req.return_tokens_as_token_ids)
                 yield chunk(CompletionChoice(index=i * req.n + comp.index, text=d.text,
