@@ -15,6 +15,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
 from pagedllm.outputs import BeamSearchOutput, RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, SamplingParams
+from pagedllm.text_checks import check_text
 
 
 def _as_list(prompts) -> list:
@@ -25,6 +26,15 @@ def _as_list(prompts) -> list:
         raise ValueError("a prompt given as token ids must be wrapped: "
                          "{'prompt_token_ids': [...]} (a bare list is read as several prompts)")
     return prompts
+
+
+def _check_prompt_text(prompt, index: int) -> None:
+    """ValueError naming prompts[index] when its text is not valid Unicode (a lone surrogate,
+    which the tokenizer would fail on with a TypeError)."""
+    text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
+    if isinstance(text, str):
+        where = f"prompts[{index}]" + ('["prompt"]' if isinstance(prompt, dict) else "")
+        check_text(text, where)
 
 
 class LLM:
@@ -153,6 +163,8 @@ class LLM:
         return self.engine.kv_cache_stats()
 
     def _add_all(self, prompts: list, add) -> List[str]:
+        for i, p in enumerate(prompts):  # before any is added: nothing runs on a bad one
+            _check_prompt_text(p, i)
         ids: List[str] = []
         try:
             for i, p in enumerate(prompts):

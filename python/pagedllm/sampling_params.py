@@ -6,8 +6,26 @@ the field and the accepted range.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import List, Optional, Union
+
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing logits by a tinier
+# one overflows float32 and makes the probabilities NaN.
+GREEDY_TEMPERATURE = 1e-5
+# Largest accepted top_k, logprobs and token id (the kernels and torch index with int32/int64).
+MAX_INT32 = (1 << 31) - 1
+# Seeds are 64-bit signed on the engine side (torch.Generator.manual_seed).
+MAX_SEED = (1 << 63) - 1
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass
@@ -18,11 +36,13 @@ class SamplingParams:
         n: completions returned for the request.
         best_of: completions generated, of which the ``n`` with the highest cumulative logprob
             are returned (default ``n``).
-        temperature: 0 means greedy; higher values flatten the distribution.
+        temperature: 0 (or anything below 1e-5) means greedy; higher values flatten the
+            distribution.
         top_p: keep the smallest set of tokens whose probability reaches ``top_p`` (1 = all).
-        top_k: keep the ``top_k`` most likely tokens (-1 or 0 = all).
+        top_k: keep the ``top_k`` most likely tokens (-1 or 0 = all; at most 2^31 - 1).
         min_p: drop tokens whose probability is below ``min_p`` times the top token's.
-        seed: per-request seed; the same seed gives the same output whatever else is running.
+        seed: per-request seed in [0, 2^63 - 1]; the same seed gives the same output whatever
+            else is running.
         max_tokens: most tokens to generate (None: up to the model's length limit).
         min_tokens: EOS and ``stop_token_ids`` are suppressed until this many were generated.
         stop: strings that end the completion (not included in the text unless
@@ -67,7 +87,11 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
-        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        stop_ids = list(self.stop_token_ids or [])
+        if any(not _is_int(t) for t in stop_ids):
+            raise ValueError(f"SamplingParams.stop_token_ids must be a list of integers, got "
+                             f"{self.stop_token_ids!r}")
+        self.stop_token_ids = [int(t) for t in stop_ids]
         if self.top_k == 0:
             self.top_k = -1
         self._validate()
@@ -76,47 +100,48 @@ class SamplingParams:
         def bad(name: str, expected: str) -> ValueError:
             return ValueError(f"SamplingParams.{name} must be {expected}, got {getattr(self, name)!r}")
 
-        if not isinstance(self.n, int) or self.n < 1:
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_INT32:
             raise bad("n", "an integer >= 1")
-        if not isinstance(self.best_of, int) or self.best_of < self.n:
+        if not _is_int(self.best_of) or not self.n <= self.best_of <= MAX_INT32:
             raise bad("best_of", f"an integer >= n ({self.n})")
-        if not self.temperature >= 0.0:
-            raise bad("temperature", ">= 0")
-        if not 0.0 < self.top_p <= 1.0:
+        if not _is_real(self.temperature) or self.temperature < 0.0:
+            raise bad("temperature", "a finite number >= 0")
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "in (0, 1]")
-        if not isinstance(self.top_k, int) or (self.top_k < -1):
-            raise bad("top_k", "-1, 0 (all tokens) or a positive integer")
-        if not 0.0 <= self.min_p <= 1.0:
+        if not _is_int(self.top_k) or not -1 <= self.top_k <= MAX_INT32:
+            raise bad("top_k", f"-1, 0 (all tokens) or an integer in [1, {MAX_INT32}]")
+        if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "in [0, 1]")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", "an integer or None")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise bad("seed", f"an integer in [0, {MAX_SEED}] or None")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or
+                                            not 1 <= self.max_tokens <= MAX_INT32):
             raise bad("max_tokens", "an integer >= 1 or None")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= MAX_INT32:
             raise bad("min_tokens", "an integer >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"<= max_tokens ({self.max_tokens})")
-        if not -2.0 <= self.presence_penalty <= 2.0:
+        if not _is_real(self.presence_penalty) or not -2.0 <= self.presence_penalty <= 2.0:
             raise bad("presence_penalty", "in [-2, 2]")
-        if not -2.0 <= self.frequency_penalty <= 2.0:
+        if not _is_real(self.frequency_penalty) or not -2.0 <= self.frequency_penalty <= 2.0:
             raise bad("frequency_penalty", "in [-2, 2]")
-        if not self.repetition_penalty > 0.0:
-            raise bad("repetition_penalty", "> 0")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
+        if not _is_real(self.repetition_penalty) or self.repetition_penalty <= 0.0:
+            raise bad("repetition_penalty", "a finite number > 0")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or
+                                          not 0 <= self.logprobs <= MAX_INT32):
             raise bad("logprobs", "an integer >= 0 or None")
-        if self.prompt_logprobs is not None and (
-            not isinstance(self.prompt_logprobs, int) or self.prompt_logprobs < 0
-        ):
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs) or
+                                                 not 0 <= self.prompt_logprobs <= MAX_INT32):
             raise bad("prompt_logprobs", "an integer >= 0 or None")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "a non-empty string or a list of non-empty strings")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "a list of token ids >= 0")
+        if any(not 0 <= t <= MAX_INT32 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", f"a list of token ids in [0, {MAX_INT32}]")
 
     @property
     def greedy(self) -> bool:
-        """True when sampling reduces to argmax."""
-        return self.temperature == 0.0 or self.top_k == 1
+        """True when sampling reduces to argmax (temperature below 1e-5, or top_k 1)."""
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
 
 @dataclass
@@ -142,5 +167,9 @@ class BeamSearchParams:
             raise ValueError(f"BeamSearchParams.beam_width must be an integer >= 1, got {self.beam_width!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"BeamSearchParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not self.temperature >= 0.0:
-            raise ValueError(f"BeamSearchParams.temperature must be >= 0, got {self.temperature!r}")
+        if not _is_real(self.temperature) or self.temperature < 0.0:
+            raise ValueError(f"BeamSearchParams.temperature must be a finite number >= 0, got "
+                             f"{self.temperature!r}")
+        if not _is_real(self.length_penalty):
+            raise ValueError(f"BeamSearchParams.length_penalty must be a finite number, got "
+                             f"{self.length_penalty!r}")

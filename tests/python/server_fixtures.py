@@ -76,6 +76,7 @@ class ScriptedEngine:
         self.num_steps = 0
         self.thread_ids = set()  # threads that called into the engine
         self.fail_next_step = False
+        self.extra_keys: Dict[str, int] = {}  # request id -> the prefix-cache namespace it got
 
     def add_request(self, request_id, prompt, params=None, arrival_time=None, extra_key=0):
         self.thread_ids.add(threading.get_ident())
@@ -89,8 +90,11 @@ class ScriptedEngine:
             raise ValueError(f"request {request_id}: prompt ({len(ids)} tokens) + max_tokens "
                              f"({params.max_tokens}) = {len(ids) + params.max_tokens} exceeds "
                              f"max_model_len ({self.max_model_len})")
+        if any(not 0 <= t < self.tokenizer.vocab_size for t in ids):
+            raise ValueError(f"request {request_id}: prompt token id out of the vocabulary")
         self.requests[request_id] = _Req(request_id, ids, params,
                                          arrival_time if arrival_time is not None else time.monotonic())
+        self.extra_keys[request_id] = extra_key
         self.num_prompt_tokens += len(ids)
         return request_id
 
@@ -117,7 +121,7 @@ class ScriptedEngine:
                     self._advance(r, i)
             done = all(f is not None for f in r.finish)
             outputs.append(RequestOutput(
-                rid, None, r.prompt_ids, None,
+                rid, None, r.prompt_ids, self._prompt_logprobs(r),
                 [CompletionOutput(i, r.texts[i], list(r.tokens[i]), None,
                                   list(r.logprobs[i]) if r.logprobs else None, r.finish[i],
                                   r.stop_reason[i]) for i in range(r.params.n)],
@@ -126,6 +130,21 @@ class ScriptedEngine:
             if done:
                 del self.requests[rid]
         return outputs
+
+    @staticmethod
+    def _prompt_logprobs(r: _Req):
+        """None, then per prompt token: itself at -1.0 (rank 1) and k alternatives below."""
+        k = r.params.prompt_logprobs
+        if k is None:
+            return None
+        out = [None]
+        for t in r.prompt_ids[1:]:
+            pos = {t: Logprob(-1.0, 1, chr(t - 3) if t >= 3 else "")}
+            for j in range(k):
+                alt = ord("A") + 3 + j
+                pos.setdefault(alt, Logprob(-3.0 - j, j + 2, chr(alt - 3)))
+            out.append(pos)
+        return out
 
     def _advance(self, r: _Req, i: int) -> None:
         char = SCRIPT[(r.starts[i] + len(r.tokens[i])) % len(SCRIPT)]

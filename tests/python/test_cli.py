@@ -185,7 +185,10 @@ def test_serve_process_answers_and_stops_on_ctrl_c(capsys):
                        json={"messages": [{"role": "user", "content": "What is a list?"}],
                              "max_tokens": 8}, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
-        code, out, err = run_cli(capsys, "monitor", "--url", url, "--once",
+        # /metrics is behind the API key: the monitor sends it.
+        code, out, err = run_cli(capsys, "monitor", "--url", url, "--once")
+        assert code == 1 and "--api-key" in err
+        code, out, err = run_cli(capsys, "monitor", "--url", url, "--once", "--api-key", "k",
                                  "--metric", "cache_usage,running,requests")
         assert code == 0, err
         assert "KV cache usage" in out and "0.0%" in out

@@ -128,7 +128,7 @@ def test_logprobs_in_both_apis(client):
     ({"prompt": "x", "n": 2, "best_of": 1}, 400, "best_of"),
     ({"prompt": "x", "stream": True, "n": 1, "best_of": 2}, 400, "best_of"),
     ({"prompt": []}, 400, "prompt"),
-    ({"prompt": "x", "max_tokens": 300, "extra": 1}, 400, "extra"),
+    ({"prompt": "x", "logit_bias": {"1": 5}}, 400, "logit_bias"),
     ({"prompt": "x" * 300, "max_tokens": 300}, 400, "prompt"),   # longer than max_model_len
     ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
     ({"max_tokens": 3}, 400, "prompt"),
@@ -192,7 +192,7 @@ def test_client_leaving_before_a_whole_answer_aborts(server, client):
     assert metric(client, "pagedllm:request_success_total", finished_reason="abort") == before + 1
 
 
-def test_api_key_guards_v1_only():
+def test_api_key_guards_v1_and_metrics():
     with ServerThread(create_app(ScriptedEngine(), ServerSettings(api_key="sekret"))) as s:
         with httpx.Client(base_url=s.url, timeout=30) as c:
             r = c.get("/v1/models")
@@ -204,7 +204,12 @@ def test_api_key_guards_v1_only():
                        headers={"Authorization": "Bearer sekret"})
             assert r.status_code == 200
             assert c.get("/health").status_code == 200
-            assert c.get("/metrics").status_code == 200
+            # /metrics tells about other clients' prompts (prefix-cache hits): behind the key.
+            assert c.get("/metrics").status_code == 401
+            assert c.get("/metrics", headers={"Authorization": "Bearer sekret"}).status_code == 200
+    public = ServerSettings(api_key="sekret", metrics_public=True)
+    with ServerThread(create_app(ScriptedEngine(), public)) as s:
+        assert httpx.get(s.url + "/metrics", timeout=30).status_code == 200
 
 
 def test_dead_engine_answers_503():

@@ -12,7 +12,7 @@ from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
 from pagedllm.server.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTemplate, ChatTemplateError
 from pagedllm.server.errors import OpenAIError
 from pagedllm.server.logprobs import MIN_LOGPROB, chat_logprobs, completion_logprobs
-from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest, check_extra_fields
+from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest, extra_fields
 from pagedllm.server.sse import DONE_EVENT, sse_event
 from pagedllm.streaming import ChoiceTracker, holdback_for
 
@@ -103,12 +103,14 @@ def test_template_errors_are_chat_template_errors(tmp_path):
 def test_extra_fields_ignored_neutral_unsupported_unknown():
     ok = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], user="u",
                                metadata={"a": "b"}, tools=[], response_format={"type": "text"})
-    check_extra_fields(ok)
+    assert extra_fields(ok) == []
     with pytest.raises(OpenAIError) as e:
-        check_extra_fields(CompletionRequest(prompt="x", logit_bias={"1": 5}))
+        extra_fields(CompletionRequest(prompt="x", logit_bias={"1": 5}))
     assert e.value.status == 400 and e.value.param == "logit_bias" and "not supported" in e.value.message
+    # Unknown fields are ignored and named (vLLM), or refused when strict.
+    assert extra_fields(CompletionRequest(prompt="x", temprature=0.5)) == ["temprature"]
     with pytest.raises(OpenAIError) as e:
-        check_extra_fields(CompletionRequest(prompt="x", temprature=0.5))
+        extra_fields(CompletionRequest(prompt="x", temprature=0.5), strict=True)
     assert e.value.param == "temprature" and "unknown field" in e.value.message
 
 

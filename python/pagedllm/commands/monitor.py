@@ -21,6 +21,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import urllib.error
@@ -45,17 +46,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes (1)")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--count", type=int, default=0, metavar="N", help="stop after N refreshes (0: never)")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="the server's API key (/metrics is behind it unless the server runs "
+                        "with --metrics-public); default: $PAGEDLLM_API_KEY")
 
 
-def fetch(url: str, timeout: float = 5.0) -> Samples:
-    """Scrapes <url>/metrics; samples are summed over label sets, and also kept per label set."""
+def fetch(url: str, timeout: float = 5.0, api_key: Optional[str] = None) -> Samples:
+    """Scrapes <url>/metrics (sending the API key when given); samples are summed over label
+    sets, and also kept per label set."""
     from prometheus_client.parser import text_string_to_metric_families
 
     target = url.rstrip("/") + "/metrics"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(target, timeout=timeout) as resp:
+        with urllib.request.urlopen(urllib.request.Request(target, headers=headers),
+                                    timeout=timeout) as resp:
             text = resp.read().decode("utf-8")
     except urllib.error.HTTPError as e:
+        if e.code == 401:
+            raise CliError(f"{target} needs the server's API key: pass --api-key or set "
+                           "PAGEDLLM_API_KEY") from None
         raise CliError(f"{target} answered HTTP {e.code} (is --url a pagedllm server?)") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
@@ -161,13 +171,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.interval > 0:
         raise UsageError(f"--interval must be > 0, got {args.interval}")
     views = resolve_metrics(args.metric)
+    api_key = args.api_key or os.environ.get("PAGEDLLM_API_KEY") or None
     tty = sys.stdout.isatty()
     prev: Optional[Snapshot] = None
     drawn = 0
     refreshes = 0
     while True:
         try:
-            cur = (time.monotonic(), fetch(args.url))
+            cur = (time.monotonic(), fetch(args.url, api_key=api_key))
             lines = render(args.url, views, cur, prev)
         except CliError as e:
             if prev is None:

@@ -20,6 +20,7 @@ import sys
 
 from pagedllm.commands.common import (CliError, UsageError, add_engine_args, build_engine,
                                       engine_config, parse_size, positive_int)
+from pagedllm.server.cli_args import add_policy_arguments, policy_settings
 
 NAME = "serve"
 HELP = "start the OpenAI-compatible HTTP server"
@@ -44,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (info)")
+    add_policy_arguments(h)  # CORS, --strict-fields, --metrics-public, cache salting, limits
     add_engine_args(p)
 
 
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         settings = ServerSettings(api_key=api_key, served_model_name=args.served_model_name,
                                   max_request_bytes=args.max_request_bytes,
                                   max_tokens_limit=args.max_tokens_limit,
-                                  chat_template=args.chat_template)
+                                  chat_template=args.chat_template, **policy_settings(args))
     except ValueError as e:
         raise UsageError(str(e)) from None
     sock = bind_socket(args.host, args.port)

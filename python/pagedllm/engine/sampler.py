@@ -5,7 +5,9 @@ penalties, min_tokens suppression of EOS and stop tokens, then greedy argmax, or
 top-k, top-p, min-p and a random draw. The draw uses the exponential-race trick
 (argmax of p / q with q ~ Exp(1)), which needs one random number per vocabulary entry from the
 sequence's own generator when the request is seeded, so a seeded sequence's tokens do not
-depend on the rest of the batch. Reported logprobs are the model's raw log-softmax, before any
+depend on the rest of the batch. Temperatures below 1e-5 sample greedily (as vLLM), and a row
+that the penalties pushed to all -inf or NaN falls back to its raw logits, so the
+probabilities are never NaN. Reported logprobs are the model's raw log-softmax, before any
 of the adjustments (vLLM's default "raw_logprobs").
 """
 
@@ -82,6 +84,7 @@ class Sampler:
 
         x = self._apply_penalties(raw, targets)
         x = self._suppress_until_min_tokens(x, targets)
+        x = _keep_finite(x, raw)
         tokens = torch.empty(len(targets), dtype=torch.long)
         greedy = [i for i, t in enumerate(targets) if t.params.greedy]
         if greedy:
@@ -183,6 +186,19 @@ class Sampler:
             if t.seq.generator is not None:
                 q[i].exponential_(generator=t.seq.generator)
         return (probs / q).argmax(dim=-1)
+
+
+def _keep_finite(x: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+    """x with NaN as -inf, +inf as the largest float, and rows with no finite entry left (a
+    huge repetition penalty on an all-negative row) replaced by their raw logits."""
+    if bool(torch.isfinite(x).all()):
+        return x
+    big = torch.finfo(x.dtype).max
+    x = torch.nan_to_num(x, nan=float("-inf"), posinf=big)
+    dead = ~torch.isfinite(x).any(dim=-1)                                     # [S]
+    if bool(dead.any()):
+        x = torch.where(dead.unsqueeze(1), torch.nan_to_num(raw, nan=0.0, posinf=big), x)
+    return x
 
 
 def _prompt_mask(req, vocab: int) -> torch.Tensor:

@@ -5,7 +5,8 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 The app owns an AsyncLLMEngine around the given engine: its thread starts with the app
-(lifespan startup) and stops with it, aborting what still runs.
+(lifespan startup) and stops with it, aborting what still runs. With
+ServerSettings.allowed_origins, Starlette's CORSMiddleware answers browsers' preflights.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from contextlib import asynccontextmanager
 from typing import Any, Optional
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from pagedllm._version import __version__
 from pagedllm.engine.async_engine import AsyncLLMEngine
 from pagedllm.metrics import EngineMetrics
 from pagedllm.server.errors import install_error_handlers
+from pagedllm.server.ignored_fields import HEADER as IGNORED_HEADER
 from pagedllm.server.limits import BodySizeLimitMiddleware
 from pagedllm.server.routes import make_routers
 from pagedllm.server.state import ServerSettings, ServerState, model_name_of
@@ -55,8 +58,13 @@ def create_app(engine: Any, settings: Optional[ServerSettings] = None) -> FastAP
                   description="OpenAI-compatible API of a pagedllm engine.")
     app.state.server = state
     install_error_handlers(app)
-    v1, misc = make_routers(settings.api_key)
+    v1, misc = make_routers(settings.api_key, settings.metrics_public)
     app.include_router(v1)
     app.include_router(misc)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_request_bytes)
+    if settings.allowed_origins:  # outermost: preflights are answered before anything else
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["*"], expose_headers=[IGNORED_HEADER],
+                           allow_credentials=False, max_age=600)
     return app

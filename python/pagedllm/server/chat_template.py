@@ -108,21 +108,29 @@ class ChatTemplate:
             return cls(source, bos, eos, os.path.join(model_dir or "", "tokenizer_config.json"))
         return cls(DEFAULT_CHAT_TEMPLATE, bos, eos, "the built-in default")
 
-    def render(self, messages: List[Dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: List[Dict[str, Any]], add_generation_prompt: bool = True,
+               **template_kwargs: Any) -> str:
         """The prompt text of a conversation.
 
         Args:
             messages: [{"role": ..., "content": text}, ...].
             add_generation_prompt: end with the header that starts the assistant's turn.
+            template_kwargs: more variables for the template (vLLM's chat_template_kwargs,
+                e.g. ``enable_thinking``); they cannot replace messages, add_generation_prompt,
+                bos_token or eos_token.
         Raises:
             ChatTemplateError: the template refused the conversation (its message is kept).
         """
+        variables = dict(template_kwargs)
+        variables.update(messages=messages, add_generation_prompt=add_generation_prompt,
+                         bos_token=self.bos_token, eos_token=self.eos_token)
         try:
-            return self._template.render(messages=messages,
-                                         add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token, eos_token=self.eos_token)
+            return self._template.render(**variables)
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(f"the chat template rejected the messages: {e}") from None
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+            # A template variable of the wrong type (chat_template_kwargs) fails while rendering.
+            raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from None
 
     def starts_with_bos(self, text: str) -> bool:
         """True when rendered text already begins with the bos token (do not add another)."""

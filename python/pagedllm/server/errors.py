@@ -36,6 +36,7 @@ class OpenAIError(Exception):
 
     def __init__(self, status: int, message: str, param: Optional[str] = None,
                  code: Optional[str] = None, type: Optional[str] = None):
+        message, param = _printable(message), _printable(param)
         super().__init__(message)
         self.status = status
         self.message = message
@@ -55,21 +56,51 @@ class OpenAIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
+def _printable(text: Optional[str]) -> Optional[str]:
+    """`text` with anything UTF-8 cannot encode (lone surrogates a client sent, quoted back in
+    the message) written as a backslash escape, so the error itself can always be sent."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def bad_request(message: str, param: Optional[str] = None) -> OpenAIError:
     """A 400 invalid_request_error."""
     return OpenAIError(400, message, param)
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "constrained-int",
+              "constrained-float", "constrained-str"}
+
+
+def _is_union_tag(part) -> bool:
+    """True for the parts pydantic adds to a location to say which member of a Union failed
+    ('str', 'list[constrained-int]', ...): they are types, not fields."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part
+                                      or part.startswith("function-"))
+
+
+def _is_type_error(error: dict) -> bool:
+    kind = str(error.get("type", ""))
+    return kind.endswith("_type") or kind.endswith("_parsing") or kind == "missing"
+
+
 def validation_error(exc: RequestValidationError) -> OpenAIError:
-    """A 400 naming the first invalid field of a request body."""
+    """A 400 naming the invalid field of a request body.
+
+    When a field accepts several types (``prompt``: text, texts, token ids, ...), the error that
+    says what is wrong with a value of the right type (a token id out of range) wins over the
+    ones that only say another type was expected.
+    """
     errors = exc.errors()
     if not errors:
         return bad_request("invalid request body")
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    if first.get("type") == "json_invalid":
+    if any(e.get("type") == "json_invalid" for e in errors):
+        first = next(e for e in errors if e.get("type") == "json_invalid")
         return bad_request(f"the body is not valid JSON ({first.get('msg', '')})")
+    first = min(errors, key=_is_type_error)  # min keeps the first of equals
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_union_tag(p)]
+    param = ".".join(loc) or None
     msg = first.get("msg", "invalid value")
     where = f"{param}: " if param else ""
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""

@@ -33,8 +33,20 @@ class ClientDisconnected(Exception):
 
 def sampling_params(state: ServerState, req: _SamplingRequest, max_tokens: int,
                     stops: List[str], logprobs: Optional[int] = None,
-                    best_of: Optional[int] = None) -> SamplingParams:
+                    best_of: Optional[int] = None,
+                    prompt_logprobs: Optional[int] = None) -> SamplingParams:
     """The engine's SamplingParams for a request (400 naming the field on a bad value).
+
+    Args:
+        state: the server.
+        req: the request body.
+        max_tokens: tokens to generate per sequence (already resolved and checked).
+        stops: the stop strings.
+        logprobs: top logprobs per generated token (None: none).
+        best_of: sequences generated per prompt (None: n).
+        prompt_logprobs: top logprobs per prompt token (None: none).
+    Returns:
+        The SamplingParams.
 
     temperature, top_p, top_k, min_p and repetition_penalty that the request does not set
     come from the checkpoint's generation_config.json when it has them, else from the
@@ -49,6 +61,7 @@ def sampling_params(state: ServerState, req: _SamplingRequest, max_tokens: int,
             min_tokens=req.min_tokens, stop=stops, stop_token_ids=req.stop_token_ids,
             ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens, **knobs)
     except ValueError as e:
@@ -56,9 +69,36 @@ def sampling_params(state: ServerState, req: _SamplingRequest, max_tokens: int,
         raise bad_request(message, message.split(" ", 1)[0]) from None
 
 
+def check_beam_search(req: _SamplingRequest) -> None:
+    """400 for use_beam_search: the async engine has no beam-search requests yet."""
+    if req.use_beam_search:
+        raise bad_request("use_beam_search is not supported by this server yet (the offline "
+                          "LLM.beam_search API has it)", "use_beam_search")
+
+
+def truncate(token_ids: List[int], keep: Optional[int], max_model_len: int) -> List[int]:
+    """The last `keep` tokens of a prompt (vLLM's truncate_prompt_tokens; -1: max_model_len;
+    None: all)."""
+    if keep is None:
+        return token_ids
+    keep = max_model_len if keep == -1 else keep
+    return token_ids[-keep:] if keep > 0 else token_ids
+
+
 async def submit(state: ServerState, base_id: str, prompts: List[Prompt],
-                 params: SamplingParams, arrival_time: float) -> List[RequestStream]:
+                 params: SamplingParams, arrival_time: float,
+                 extra_key: int = 0) -> List[RequestStream]:
     """Adds one engine request per prompt (ids base_id-0, base_id-1, ...).
+
+    Args:
+        state: the server.
+        base_id: the request id the engine ids derive from.
+        prompts: the tokenized prompts.
+        params: their sampling parameters.
+        arrival_time: when the HTTP request arrived (time.monotonic()).
+        extra_key: the prefix-cache namespace (see cache_salt.py).
+    Returns:
+        One stream per prompt, in order.
 
     Raises:
         OpenAIError: 400 when the engine rejects a prompt (those already added are aborted),
@@ -74,7 +114,8 @@ async def submit(state: ServerState, base_id: str, prompts: List[Prompt],
     # All prompts are posted at once (the engine thread takes them in one step), then awaited.
     try:
         results = await asyncio.gather(
-            *(state.engine.add_request(rid, engine_prompt(p), params, arrival_time=arrival_time)
+            *(state.engine.add_request(rid, engine_prompt(p), params, arrival_time=arrival_time,
+                                       extra_key=extra_key)
               for rid, p in zip(ids, prompts)),
             return_exceptions=True)
     except BaseException:  # cancelled (the client left): none of them may stay behind

@@ -1,7 +1,7 @@
 """Response bodies of the OpenAI-compatible API (pydantic), field for field as OpenAI's.
 
-vLLM's extra ``stop_reason`` is included on choices (the stop string or token id that ended a
-choice, null otherwise); OpenAI clients ignore it.
+vLLM's extras are included: ``stop_reason`` on choices (the stop string or token id that ended a
+choice, null otherwise) and ``prompt_logprobs`` when asked for; OpenAI clients ignore them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,17 @@ class UsageInfo(BaseModel):
                    total_tokens=prompt_tokens + completion_tokens)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's Logprob of one token at one prompt position."""
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+PromptLogprobs = List[Optional[Dict[int, PromptLogprob]]]
+
+
 # --- /v1/completions ----------------------------------------------------------------------------
 class CompletionLogprobs(BaseModel):
     """Per generated token: its text, logprob, top alternatives and offset in the choice text."""
@@ -39,6 +50,7 @@ class CompletionChoice(BaseModel):
     logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[str] = None
     stop_reason: Optional[Union[int, str]] = None
+    prompt_logprobs: Optional[PromptLogprobs] = None
 
 
 class CompletionResponse(BaseModel):
@@ -85,6 +97,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: List[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: Optional[PromptLogprobs] = None
 
 
 class DeltaMessage(BaseModel):

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import AsyncIterator, Dict, List, Optional
+from typing import Any, AsyncIterator, Dict, List, Optional
 
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from pagedllm.outputs import RequestOutput
 from pagedllm.server.chat_template import ChatTemplateError
-from pagedllm.server.logprobs import chat_logprobs
 from pagedllm.streaming import ChoiceTracker, holdback_for
 from pagedllm.server.errors import OpenAIError, bad_request
-from pagedllm.server.generation import (ClientDisconnected, Prompt, abort_all, collect, merge,
-                                        sampling_params, submit)
-from pagedllm.server.protocol import ChatCompletionRequest, ChatMessage, check_extra_fields
+from pagedllm.server.cache_salt import request_cache_key
+from pagedllm.server.generation import (ClientDisconnected, Prompt, abort_all, check_beam_search,
+                                        collect, merge, sampling_params, submit, truncate)
+from pagedllm.server.ignored_fields import ignored_fields_header
+from pagedllm.server.logprobs import chat_logprobs, prompt_logprobs
+from pagedllm.server.protocol import ChatCompletionRequest, ChatMessage
 from pagedllm.server.responses import (ChatChoice, ChatCompletionChunk, ChatCompletionResponse,
                                        ChatResponseMessage, ChatStreamChoice, DeltaMessage,
                                        UsageInfo)
@@ -26,12 +28,28 @@ from pagedllm.server.state import ServerState, new_id
 
 
 def render_chat(state: ServerState, messages: List[ChatMessage],
-                add_generation_prompt: bool = True) -> Prompt:
-    """The prompt of a conversation: rendered with the chat template, then tokenized (the
-    tokenizer adds bos unless the template already wrote it)."""
+                add_generation_prompt: bool = True, continue_final_message: bool = False,
+                add_special_tokens: Optional[bool] = None,
+                chat_template_kwargs: Optional[Dict[str, Any]] = None) -> Prompt:
+    """The prompt of a conversation: rendered with the chat template, then tokenized.
+
+    Args:
+        state: the server.
+        messages: the conversation.
+        add_generation_prompt: end with the assistant's header.
+        continue_final_message: end with the last message left open, so the model continues
+            it (vLLM's; the template's end-of-turn after it is cut off).
+        add_special_tokens: add bos when tokenizing (None: unless the template wrote it).
+        chat_template_kwargs: more template variables.
+    Returns:
+        The prompt (text and token ids).
+    """
     if state.tokenizer is None:
         raise bad_request(f"the model {state.model_name!r} has no tokenizer.json, so chat is "
                           "not available (use /v1/completions with token ids)", "messages")
+    if add_generation_prompt and continue_final_message:
+        raise bad_request("continue_final_message and add_generation_prompt cannot both be "
+                          "true (set add_generation_prompt to false)", "continue_final_message")
     dicts = []
     for i, m in enumerate(messages):
         d = {"role": m.role, "content": m.text(i)}
@@ -39,36 +57,72 @@ def render_chat(state: ServerState, messages: List[ChatMessage],
             d["name"] = m.name
         dicts.append(d)
     try:
-        text = state.chat_template.render(dicts, add_generation_prompt)
+        text = state.chat_template.render(dicts, add_generation_prompt,
+                                          **(chat_template_kwargs or {}))
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
-    add_special = not state.chat_template.starts_with_bos(text)
+    if continue_final_message:
+        text = _open_final_message(text, dicts[-1]["content"], len(dicts) - 1)
+    add_special = (not state.chat_template.starts_with_bos(text) if add_special_tokens is None
+                   else add_special_tokens)
     return Prompt(text, state.encode(text, add_special_tokens=add_special))
+
+
+def _open_final_message(text: str, content: str, index: int) -> str:
+    """`text` cut right after the final message's content (as transformers does)."""
+    at = text.rfind(content.strip()) if content.strip() else -1
+    if at < 0:
+        raise bad_request(f"continue_final_message: the final message (messages[{index}]) "
+                          "must have non-empty text that the chat template writes out",
+                          "continue_final_message")
+    return text[:at + len(content.strip())]
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, raw: Request,
                                  arrival_time: float) -> Response:
-    """Handles one /v1/chat/completions request."""
-    check_extra_fields(req)
+    """Handles one /v1/chat/completions request.
+
+    Args:
+        state: the server.
+        req: the parsed body.
+        raw: the HTTP request (disconnect detection, bearer token for cache salting).
+        arrival_time: when it arrived (time.monotonic()).
+    Returns:
+        A JSON response, or a text/event-stream one when streaming.
+    """
+    headers = ignored_fields_header(req, state.settings.strict_fields, "/v1/chat/completions")
     state.check_model(req.model)
     stops = req.stop_list()
+    check_beam_search(req)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
-    prompt = render_chat(state, req.messages, req.add_generation_prompt)
+    if req.stream and req.prompt_logprobs is not None:
+        raise bad_request("prompt_logprobs is not available when streaming", "prompt_logprobs")
+    prompt = render_chat(state, req.messages, req.add_generation_prompt,
+                         req.continue_final_message, req.add_special_tokens,
+                         req.chat_template_kwargs)
+    kept = truncate(prompt.token_ids, req.truncate_prompt_tokens, state.max_model_len)
+    if len(kept) != len(prompt.token_ids):
+        prompt = Prompt(None, kept)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = state.max_tokens(requested, len(prompt.token_ids), param)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(state, req, max_tokens, stops, logprobs)
+    state.check_limits(1, req.n, max_tokens, logprobs, len(prompt.token_ids), req.prompt_logprobs)
+    params = sampling_params(state, req, max_tokens, stops, logprobs,
+                             prompt_logprobs=req.prompt_logprobs)
     request_id = new_id("chatcmpl")
-    streams = await submit(state, request_id, [prompt], params, arrival_time)
+    key = request_cache_key(raw, req.cache_salt, state.settings.cache_salt_by_api_key)
+    streams = await submit(state, request_id, [prompt], params, arrival_time, key)
     if req.stream:
-        return sse_response(_stream(state, req, request_id, prompt, streams, holdback_for(stops)))
+        events = _stream(state, req, request_id, prompt, streams, holdback_for(stops))
+        return sse_response(events, headers)
     try:
         (final,) = await collect(state, raw, streams)
     except ClientDisconnected:
         return Response(status_code=499)
-    return _response(state, req, request_id, prompt, final)
+    body = _response(state, req, request_id, prompt, final)
+    return JSONResponse(body.model_dump(), headers=headers)
 
 
 def _response(state: ServerState, req: ChatCompletionRequest, request_id: str, prompt: Prompt,
@@ -77,13 +131,17 @@ def _response(state: ServerState, req: ChatCompletionRequest, request_id: str, p
     for comp in final.outputs:
         logprobs = None
         if req.logprobs and comp.logprobs is not None:
-            logprobs = chat_logprobs(comp.token_ids, comp.logprobs, req.top_logprobs or 0)
+            logprobs = chat_logprobs(comp.token_ids, comp.logprobs, req.top_logprobs or 0,
+                                     req.return_tokens_as_token_ids)
         choices.append(ChatChoice(index=comp.index, message=ChatResponseMessage(content=comp.text),
                                   logprobs=logprobs, finish_reason=comp.finish_reason,
                                   stop_reason=comp.stop_reason))
     usage = UsageInfo.of(len(prompt.token_ids), sum(len(c.token_ids) for c in final.outputs))
+    plp = None
+    if req.prompt_logprobs is not None:
+        plp = prompt_logprobs(prompt.token_ids, final.prompt_logprobs, req.prompt_logprobs)
     return ChatCompletionResponse(id=request_id, model=state.model_name, choices=choices,
-                                  usage=usage)
+                                  usage=usage, prompt_logprobs=plp)
 
 
 async def _stream(state: ServerState, req: ChatCompletionRequest, request_id: str,
@@ -93,6 +151,8 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, request_id: st
     tokens: Dict[int, int] = {}
 
     def chunk(choice: Optional[ChatStreamChoice], usage: Optional[UsageInfo] = None) -> str:
+        if usage is None and choice is not None and req.continuous_usage():
+            usage = UsageInfo.of(len(prompt.token_ids), sum(tokens.values()))
         return sse_event(ChatCompletionChunk(id=request_id, created=created,
                                              model=state.model_name,
                                              choices=[choice] if choice else [], usage=usage))
@@ -109,7 +169,8 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, request_id: st
                     continue
                 logprobs = None
                 if req.logprobs and d.logprobs is not None:
-                    logprobs = chat_logprobs(d.token_ids, d.logprobs, req.top_logprobs or 0)
+                    logprobs = chat_logprobs(d.token_ids, d.logprobs, req.top_logprobs or 0,
+                                             req.return_tokens_as_token_ids)
                 delta = DeltaMessage(content=d.text) if d.text else DeltaMessage()
                 yield chunk(ChatStreamChoice(index=comp.index, delta=delta, logprobs=logprobs,
                                              finish_reason=d.finish_reason,

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import AsyncIterator, Dict, Optional
 
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
@@ -17,7 +17,10 @@ def sse_event(payload: BaseModel | str) -> str:
     return f"data: {data}\n\n"
 
 
-def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
-    """A streaming response of text/event-stream events (no caching, no proxy buffering)."""
+def sse_response(events: AsyncIterator[str],
+                 headers: Optional[Dict[str, str]] = None) -> StreamingResponse:
+    """A streaming response of text/event-stream events (no caching, no proxy buffering),
+    with any extra `headers`."""
     return StreamingResponse(events, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                      **(headers or {})})

@@ -6,7 +6,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from pagedllm.engine.async_engine import AsyncLLMEngine
 from pagedllm.metrics import EngineMetrics
@@ -23,12 +23,27 @@ class ServerSettings:
     """Options of the HTTP layer (the engine's are in EngineConfig).
 
     Args:
-        api_key: when set, every /v1 route needs ``Authorization: Bearer <api_key>``.
+        api_key: when set, every /v1 route (and /metrics unless metrics_public) needs
+            ``Authorization: Bearer <api_key>``.
         served_model_name: the model id clients use (default: the checkpoint directory's name).
         max_request_bytes: largest request body accepted (413 above).
         max_tokens_limit: largest max_tokens a request may ask for (400 above); also the
             default for chat requests without max_tokens (capped by the context left).
         chat_template: a Jinja2 file that replaces the checkpoint's chat template.
+        strict_fields: refuse unknown request fields with a 400 (default: ignore them, log a
+            warning and name them in the ``X-Ignored-Fields`` response header, as vLLM does).
+        allowed_origins: origins browsers may call the API from (CORS); "*" allows any.
+            Empty (the default) sends no CORS headers.
+        metrics_public: serve /metrics without the API key (default: behind it, since the
+            prefix-cache counters tell one client about another's prompts).
+        cache_salt_by_api_key: give every bearer token its own prefix-cache namespace, so
+            clients with different keys never share cached blocks (combined with a
+            request's own cache_salt).
+        max_prompts_per_request: most prompts in one /v1/completions request.
+        max_sequences_per_request: most sequences one request may run: prompts x
+            max(n, best_of).
+        max_logprobs_per_request: most logprob entries one request may ask for: sequences x
+            max_tokens x (logprobs + 1), plus prompt tokens x (prompt_logprobs + 1).
     """
 
     api_key: Optional[str] = None
@@ -36,14 +51,27 @@ class ServerSettings:
     max_request_bytes: int = 1 << 20
     max_tokens_limit: int = 4096
     chat_template: Optional[str] = None
+    strict_fields: bool = False
+    allowed_origins: Sequence[str] = ()
+    metrics_public: bool = False
+    cache_salt_by_api_key: bool = False
+    max_prompts_per_request: int = 256
+    max_sequences_per_request: int = 256
+    max_logprobs_per_request: int = 1 << 20
 
     def __post_init__(self) -> None:
-        if self.max_request_bytes < 1:
-            raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
-        if self.max_tokens_limit < 1:
-            raise ValueError(f"max_tokens_limit must be >= 1, got {self.max_tokens_limit}")
+        for name in ("max_request_bytes", "max_tokens_limit", "max_prompts_per_request",
+                     "max_sequences_per_request", "max_logprobs_per_request"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (omit it to serve without a key)")
+        if isinstance(self.allowed_origins, str):
+            self.allowed_origins = [o for o in self.allowed_origins.split(",") if o.strip()]
+        self.allowed_origins = tuple(o.strip() for o in self.allowed_origins)
+        if any(not o for o in self.allowed_origins):
+            raise ValueError("allowed_origins must not hold empty origins")
 
 
 class ServerState:
@@ -83,6 +111,54 @@ class ServerState:
             raise bad_request(f"the model {self.model_name!r} has no tokenizer.json: give the "
                               "prompt as token ids", "prompt")
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def check_limits(self, num_prompts: int, sequences_per_prompt: int, max_tokens: int,
+                     logprobs: Optional[int], prompt_tokens: int,
+                     prompt_logprobs: Optional[int]) -> None:
+        """Refuses a request that asks for more work than one request may (400 naming the
+        field to lower).
+
+        Args:
+            num_prompts: prompts in the request.
+            sequences_per_prompt: max(n, best_of).
+            max_tokens: tokens generated per sequence.
+            logprobs: top logprobs per generated token (None: none).
+            prompt_tokens: prompt tokens over all prompts.
+            prompt_logprobs: top logprobs per prompt token (None: none).
+        """
+        s = self.settings
+        if num_prompts > s.max_prompts_per_request:
+            raise bad_request(f"prompt: at most {s.max_prompts_per_request} prompts per request "
+                              f"on this server, got {num_prompts}", "prompt")
+        sequences = num_prompts * sequences_per_prompt
+        if sequences > s.max_sequences_per_request:
+            raise bad_request(f"n: prompts x max(n, best_of) = {sequences} sequences exceeds "
+                              f"this server's limit of {s.max_sequences_per_request} per request",
+                              "n")
+        entries = 0
+        if logprobs is not None:
+            entries += sequences * max_tokens * (logprobs + 1)
+        if prompt_logprobs is not None:
+            entries += prompt_tokens * (prompt_logprobs + 1)
+        if entries > s.max_logprobs_per_request:
+            raise bad_request(f"logprobs: the request asks for {entries} logprob entries "
+                              f"(sequences x max_tokens x (logprobs + 1) + prompt tokens x "
+                              f"(prompt_logprobs + 1)); this server's limit is "
+                              f"{s.max_logprobs_per_request}", "logprobs")
+
+    def tokenizer_info(self) -> dict:
+        """What /tokenizer_info reports: the special tokens, the vocabulary size, the chat
+        template."""
+        tk = self.tokenizer
+        info = {"model": self.model_name, "max_model_len": self.max_model_len,
+                "chat_template": self.chat_template.source,
+                "bos_token": self.chat_template.bos_token or None,
+                "eos_token": self.chat_template.eos_token or None}
+        if tk is not None:
+            info.update(tokenizer_class=type(tk).__name__, vocab_size=tk.vocab_size,
+                        bos_token_id=getattr(tk, "bos_token_id", None),
+                        eos_token_ids=list(getattr(tk, "eos_token_ids", ())))
+        return info
 
     def max_tokens(self, requested: Optional[int], prompt_len: int, param: str = "max_tokens",
                    prompt_param: str = "messages") -> int:
