@@ -17,7 +17,7 @@ import torch
 
 from pagedllm.engine.sequence import Request, Sequence, SequenceStatus
 from pagedllm.outputs import BeamSearchOutput, BeamSearchSequence, Logprob
-from pagedllm.sampling_params import BeamSearchParams
+from pagedllm.sampling_params import GREEDY_TEMPERATURE, BeamSearchParams
 
 
 @dataclass
@@ -41,7 +41,7 @@ def beam_score(tokens: List[int], cum_logprob: float, eos_ids, length_penalty: f
 def store_candidates(seq: Sequence, logits: torch.Tensor, params: BeamSearchParams) -> None:
     """Keeps the 2 * beam_width best next tokens of `seq`. logits: float32 [vocab]."""
     x = logits.float()
-    if params.temperature > 0:
+    if params.temperature >= GREEDY_TEMPERATURE:  # tinier ones would overflow: plain logprobs
         x = x / params.temperature
     lp = torch.log_softmax(x, dim=-1)
     vals, ids = torch.topk(lp, min(2 * params.beam_width, lp.shape[0]))

@@ -31,6 +31,7 @@ from pagedllm.engine.scheduler import Scheduler, SchedulerOutput
 from pagedllm.engine.sequence import Request
 from pagedllm.outputs import BeamSearchOutput, RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, SamplingParams
+from pagedllm.text_checks import check_text
 
 logger = logging.getLogger("pagedllm")
 
@@ -166,6 +167,7 @@ class LLMEngine:
             else:
                 raise ValueError("a prompt dict needs 'prompt' (text) or 'prompt_token_ids'")
         if isinstance(prompt, str):
+            check_text(prompt, "prompt")
             if self.tokenizer is None:
                 raise ValueError(f"the model at {self.model_path} has no tokenizer.json: give "
                                  "prompts as {'prompt_token_ids': [...]}")
