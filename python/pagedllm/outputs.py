@@ -105,3 +105,24 @@ class BeamSearchOutput:
     """
 
     sequences: List[BeamSearchSequence]
+
+
+def beam_request_output(request_id: str, prompt: Optional[str], prompt_token_ids: List[int],
+                        beams: BeamSearchOutput, n: int) -> RequestOutput:
+    """A finished beam search as a RequestOutput: its `n` best beams as the completions.
+
+    Args:
+        request_id: the request's id.
+        prompt: the prompt text (None when given as ids).
+        prompt_token_ids: the prompt's token ids (beams' tokens start with them).
+        beams: the search's result, best first.
+        n: completions to return.
+    Returns:
+        A finished RequestOutput (cumulative_logprob set on each completion).
+    """
+    plen = len(prompt_token_ids)
+    outs = [CompletionOutput(index=i, text=b.text or "", token_ids=b.tokens[plen:],
+                             cumulative_logprob=b.cum_logprob, logprobs=None,
+                             finish_reason=b.finish_reason)
+            for i, b in enumerate(beams.sequences[:n])]
+    return RequestOutput(request_id, prompt, list(prompt_token_ids), None, outs, True)

@@ -211,10 +211,10 @@ def test_chat_extras(client, server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
 
 
-def test_use_beam_search_is_a_clear_400_until_the_engine_serves_it(client):
+def test_use_beam_search_refuses_per_token_logprobs(client):
     r = client.post("/v1/completions", json={"prompt": "x", "use_beam_search": True, "n": 2,
-                                             "length_penalty": 0.5})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "use_beam_search"
+                                             "logprobs": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
     r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1,
                                              "use_beam_search": False})
     assert r.status_code == 200

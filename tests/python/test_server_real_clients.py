@@ -19,6 +19,7 @@ def server(tmp_path_factory):
                               api_key="key-a", cache_salt_by_api_key=False)
     with serve_tiny_model(model_dir, settings, num_kv_blocks=128, max_model_len=256,
                           block_size=16) as s:
+        s.model_dir = model_dir
         yield s
 
 
@@ -144,3 +145,23 @@ def scrape_auth(server):
 
 def test_metrics_need_the_key(server):
     assert httpx.get(server.url + "/metrics", timeout=30).status_code == 401
+
+
+def test_use_beam_search_returns_the_engines_beams(server, client):
+    from pagedllm import LLM
+    from pagedllm.sampling_params import BeamSearchParams
+
+    ids = tokenize(server, "the quick brown fox")
+    r = client.completions.create(model="tiny", prompt=ids, max_tokens=5, n=2,
+                                  extra_body={"use_beam_search": True, "best_of": 3,
+                                              "ignore_eos": True, "length_penalty": 1.0})
+    assert [c.index for c in r.choices] == [0, 1]
+    # The offline API's beam search on the same model ranks the same best beams.
+    llm = LLM(server.model_dir, num_kv_blocks=128, block_size=16)
+    (ref,) = llm.beam_search([{"prompt_token_ids": ids}],
+                             BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=True))
+    assert [c.text for c in r.choices] == [b.text for b in ref.sequences[:2]]
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user",
+                                                                   "content": "hi"}],
+                                          max_tokens=3, extra_body={"use_beam_search": True})
+    assert chat.choices[0].finish_reason in ("stop", "length")

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
-from pagedllm.outputs import RequestOutput
+from pagedllm.outputs import BeamSearchOutput, RequestOutput, beam_request_output
 from pagedllm.sampling_params import SamplingParams
 
 logger = logging.getLogger("pagedllm")
@@ -108,6 +108,8 @@ class _Add:
     extra_key: int
     stream: RequestStream
     accepted: concurrent.futures.Future
+    beam: Any = None      # BeamSearchParams: a beam search returning its best `beam_n` beams
+    beam_n: int = 1
 
 
 class AsyncLLMEngine:
@@ -133,6 +135,7 @@ class AsyncLLMEngine:
         self._stop = False
         self._thread: Optional[threading.Thread] = None
         self._streams: Dict[str, RequestStream] = {}   # engine thread only
+        self._beams: Dict[str, tuple] = {}   # beam searches: id -> (prompt, ids, n); engine thread
         self._dead: Optional[BaseException] = None
         self._stats: Dict[str, Any] = {}
         self._publish_stats()
@@ -168,7 +171,8 @@ class AsyncLLMEngine:
     # --- requests (event loop side) -----------------------------------------------------------
     async def add_request(self, request_id: str, prompt: Any, params: SamplingParams,
                           arrival_time: Optional[float] = None,
-                          extra_key: int = 0) -> RequestStream:
+                          extra_key: int = 0, beam: Any = None,
+                          beam_n: int = 1) -> RequestStream:
         """Queues a request and waits until the engine accepted it.
 
         Args:
@@ -177,6 +181,10 @@ class AsyncLLMEngine:
             params: sampling parameters.
             arrival_time: time.monotonic() when the request arrived (for TTFT metrics).
             extra_key: prefix-cache namespace.
+            beam: BeamSearchParams to run a beam search instead (params then only serves the
+                server's bookkeeping); its stream yields one finished output whose
+                completions are the `beam_n` best beams.
+            beam_n: beams returned.
         Returns:
             The request's output stream.
         Raises:
@@ -188,7 +196,8 @@ class AsyncLLMEngine:
         self.start()
         stream = RequestStream(request_id, asyncio.get_running_loop())
         accepted: concurrent.futures.Future = concurrent.futures.Future()
-        self._post(_Add(request_id, prompt, params, arrival_time, extra_key, stream, accepted))
+        self._post(_Add(request_id, prompt, params, arrival_time, extra_key, stream, accepted,
+                        beam, beam_n))
         try:
             await asyncio.wrap_future(accepted)
         except asyncio.CancelledError:
@@ -247,6 +256,8 @@ class AsyncLLMEngine:
                     else:
                         self._apply_abort(item)
                 outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+                if self._beams:
+                    outputs.extend(self._finished_beams())
                 # Stats first: a client holding its final output then sees them up to date.
                 self._publish_stats()
                 self._deliver(outputs)
@@ -260,15 +271,41 @@ class AsyncLLMEngine:
         if not item.accepted.set_running_or_notify_cancel():
             return  # the caller went away before the engine saw it
         try:
-            self.engine.add_request(item.request_id, item.prompt, item.params,
-                                    arrival_time=item.arrival_time, extra_key=item.extra_key)
+            if item.beam is not None:
+                self.engine.add_beam_request(item.request_id, item.prompt, item.beam,
+                                             arrival_time=item.arrival_time,
+                                             extra_key=item.extra_key)
+                req = self.engine.requests[item.request_id]
+                self._beams[item.request_id] = (req.prompt, list(req.prompt_token_ids),
+                                                item.beam_n)
+            else:
+                self.engine.add_request(item.request_id, item.prompt, item.params,
+                                        arrival_time=item.arrival_time, extra_key=item.extra_key)
         except Exception as e:  # ValueError: the request can never run
             item.accepted.set_exception(e)
             return
         self._streams[item.request_id] = item.stream
         item.accepted.set_result(None)
 
+    def _finished_beams(self) -> List[RequestOutput]:
+        """Outputs of the beam searches that finished (failed ones carry their error)."""
+        done = []
+        for rid, (prompt, ids, n) in list(self._beams.items()):
+            try:
+                res = self.engine.beam_search_result(rid)
+            except RuntimeError as e:  # the engine failed the request
+                del self._beams[rid]
+                out = beam_request_output(rid, prompt, ids, BeamSearchOutput([]), 0)
+                out.error = str(e)
+                done.append(out)
+                continue
+            if res is not None:
+                del self._beams[rid]
+                done.append(beam_request_output(rid, prompt, ids, res, n))
+        return done
+
     def _apply_abort(self, request_id: str) -> None:
+        self._beams.pop(request_id, None)
         stream = self._streams.pop(request_id, None)
         self.engine.abort_request(request_id)
         if stream is None:

@@ -24,7 +24,6 @@ import torch
 
 from pagedllm import _core
 from pagedllm.config import EngineConfig
-from pagedllm.engine import beam_search
 from pagedllm.engine.executor import Executor, make_executor
 from pagedllm.engine.sampler import Sampler
 from pagedllm.engine.scheduler import Scheduler, SchedulerOutput
@@ -231,8 +230,21 @@ class LLMEngine:
         return request_id
 
     def add_beam_request(self, request_id: Optional[str], prompt: PromptType,
-                         params: BeamSearchParams) -> str:
-        """Queues a beam-search request; its result comes from beam_search_result()."""
+                         params: BeamSearchParams, arrival_time: Optional[float] = None,
+                         extra_key: int = 0) -> str:
+        """Queues a beam-search request; its result comes from beam_search_result().
+
+        Args:
+            request_id: a unique id (None: the engine makes one).
+            prompt: as for add_request.
+            params: beam width, max_tokens, length penalty, ...
+            arrival_time: for metrics (default now).
+            extra_key: prefix-cache namespace.
+        Returns:
+            The request id.
+        Raises:
+            ValueError: as for add_request.
+        """
         sp = SamplingParams(max_tokens=params.max_tokens, temperature=0.0,
                             ignore_eos=params.ignore_eos, detokenize=False)
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
@@ -240,9 +252,8 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self._prompt_ids(prompt)
         self._validate(request_id, ids, sp.max_tokens)
-        req = Request(request_id, text, ids, sp)
-        req.beam = beam_search.BeamSearchState(params)
-        self.scheduler.add_request(req)
+        self.scheduler.add_request(Request(request_id, text, ids, sp, extra_key, arrival_time),
+                                   beam=params)
         self.num_prompt_tokens += len(ids)
         return request_id
 
@@ -330,12 +341,7 @@ class LLMEngine:
         Raises:
             RuntimeError: the engine failed the request (the message says why).
         """
-        req = self.scheduler.pop_finished_beam(request_id)
-        if req is None:
-            return None
-        if req.error is not None:
-            raise RuntimeError(f"beam search request {request_id}: {req.error}")
-        return beam_search.result(req, set(self.eos_token_ids), self.tokenizer)
+        return self.scheduler.pop_beam_result(request_id, self.tokenizer)
 
     # --- introspection ------------------------------------------------------------------------
     def kv_cache_stats(self) -> dict:

@@ -42,7 +42,8 @@ from pagedllm.engine.sampler import SampleResult, SampleTarget
 from pagedllm.engine.sequence import Request, Sequence, SequenceStatus
 from pagedllm.engine.stop_checker import StopChecker
 from pagedllm.engine.transfer_plan import KVTransferPlan, as_pairs
-from pagedllm.outputs import RequestOutput
+from pagedllm.outputs import BeamSearchOutput, RequestOutput
+from pagedllm.sampling_params import BeamSearchParams
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -188,8 +189,10 @@ class Scheduler:
         self.num_generation_tokens = 0
 
     # --- requests -----------------------------------------------------------------------------
-    def add_request(self, req: Request) -> None:
-        """Queues a new request (validated by the engine)."""
+    def add_request(self, req: Request, beam: Optional[BeamSearchParams] = None) -> None:
+        """Queues a new request (validated by the engine); `beam` makes it a beam search."""
+        if beam is not None:
+            req.beam = beam_search.BeamSearchState(beam)
         self.requests[req.request_id] = req
         self._enqueue(req.seqs[0])
 
@@ -220,13 +223,19 @@ class Scheduler:
         out, self._failed = self._failed, []
         return out
 
-    def pop_finished_beam(self, request_id: str) -> Optional[Request]:
-        """A finished beam-search request (forgotten here), or None while it runs."""
+    def pop_beam_result(self, request_id: str, tokenizer=None) -> Optional[BeamSearchOutput]:
+        """The beams of a finished beam-search request (forgotten here), or None while it runs.
+
+        Raises:
+            RuntimeError: the engine failed the request (the message says why).
+        """
         req = self.requests.get(request_id)
         if req is None or req.beam is None or not req.beam.done:
             return None
         del self.requests[request_id]
-        return req
+        if req.error is not None:
+            raise RuntimeError(f"beam search request {request_id}: {req.error}")
+        return beam_search.result(req, set(self.eos_token_ids), tokenizer)
 
     @property
     def has_work(self) -> bool:

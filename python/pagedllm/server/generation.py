@@ -13,7 +13,7 @@ from fastapi import Request
 from pagedllm.engine.async_engine import EngineDeadError, RequestFailedError, RequestStream
 from pagedllm.engine.llm_engine import without_request_id
 from pagedllm.outputs import RequestOutput
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.sampling_params import BeamSearchParams, SamplingParams
 from pagedllm.server.errors import OpenAIError, bad_request
 from pagedllm.server.protocol import _SamplingRequest
 from pagedllm.server.state import SAMPLING_DEFAULT_KEYS, ServerState
@@ -70,10 +70,27 @@ def sampling_params(state: ServerState, req: _SamplingRequest, max_tokens: int,
 
 
 def check_beam_search(req: _SamplingRequest) -> None:
-    """400 for use_beam_search: the async engine has no beam-search requests yet."""
-    if req.use_beam_search:
-        raise bad_request("use_beam_search is not supported by this server yet (the offline "
-                          "LLM.beam_search API has it)", "use_beam_search")
+    """400 for what use_beam_search cannot be combined with (per-token logprobs, echo)."""
+    if not req.use_beam_search:
+        return
+    for name in ("logprobs", "top_logprobs", "echo", "prompt_logprobs"):
+        value = getattr(req, name, None)
+        if value not in (None, False, 0):
+            raise bad_request(f"use_beam_search cannot be combined with {name}", name)
+
+
+def beam_params(req: _SamplingRequest, params: SamplingParams) -> Optional[BeamSearchParams]:
+    """The BeamSearchParams of a use_beam_search request (None otherwise): width
+    max(n, best_of), the request's max_tokens, ignore_eos, temperature and length_penalty."""
+    if not req.use_beam_search:
+        return None
+    try:
+        return BeamSearchParams(beam_width=max(params.n, params.best_of),
+                                max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
+                                temperature=params.temperature,
+                                length_penalty=float(req.length_penalty))
+    except ValueError as e:
+        raise bad_request(str(e), "use_beam_search") from None
 
 
 def truncate(token_ids: List[int], keep: Optional[int], max_model_len: int) -> List[int]:
@@ -87,7 +104,8 @@ def truncate(token_ids: List[int], keep: Optional[int], max_model_len: int) -> L
 
 async def submit(state: ServerState, base_id: str, prompts: List[Prompt],
                  params: SamplingParams, arrival_time: float,
-                 extra_key: int = 0) -> List[RequestStream]:
+                 extra_key: int = 0,
+                 beam: Optional[BeamSearchParams] = None) -> List[RequestStream]:
     """Adds one engine request per prompt (ids base_id-0, base_id-1, ...).
 
     Args:
@@ -97,6 +115,7 @@ async def submit(state: ServerState, base_id: str, prompts: List[Prompt],
         params: their sampling parameters.
         arrival_time: when the HTTP request arrived (time.monotonic()).
         extra_key: the prefix-cache namespace (see cache_salt.py).
+        beam: run beam searches instead (their streams yield the n best beams once).
     Returns:
         One stream per prompt, in order.
 
@@ -115,7 +134,7 @@ async def submit(state: ServerState, base_id: str, prompts: List[Prompt],
     try:
         results = await asyncio.gather(
             *(state.engine.add_request(rid, engine_prompt(p), params, arrival_time=arrival_time,
-                                       extra_key=extra_key)
+                                       extra_key=extra_key, beam=beam, beam_n=params.n)
               for rid, p in zip(ids, prompts)),
             return_exceptions=True)
     except BaseException:  # cancelled (the client left): none of them may stay behind

@@ -15,7 +15,8 @@ from pagedllm.server.chat_template import ChatTemplateError
 from pagedllm.streaming import ChoiceTracker, holdback_for
 from pagedllm.server.errors import OpenAIError, bad_request
 from pagedllm.server.cache_salt import request_cache_key
-from pagedllm.server.generation import (ClientDisconnected, Prompt, abort_all, check_beam_search,
+from pagedllm.server.generation import (ClientDisconnected, Prompt, abort_all, beam_params,
+                                        check_beam_search,
                                         collect, merge, sampling_params, submit, truncate)
 from pagedllm.server.ignored_fields import ignored_fields_header
 from pagedllm.server.logprobs import chat_logprobs, prompt_logprobs
@@ -113,7 +114,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
                              prompt_logprobs=req.prompt_logprobs)
     request_id = new_id("chatcmpl")
     key = request_cache_key(raw, req.cache_salt, state.settings.cache_salt_by_api_key)
-    streams = await submit(state, request_id, [prompt], params, arrival_time, key)
+    streams = await submit(state, request_id, [prompt], params, arrival_time, key,
+                           beam_params(req, params))
     if req.stream:
         events = _stream(state, req, request_id, prompt, streams, holdback_for(stops))
         return sse_response(events, headers)

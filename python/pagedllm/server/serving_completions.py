@@ -19,7 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from pagedllm.outputs import CompletionOutput, RequestOutput
 from pagedllm.server.cache_salt import request_cache_key
 from pagedllm.server.errors import OpenAIError, bad_request
-from pagedllm.server.generation import (ClientDisconnected, Prompt, abort_all, check_beam_search,
+from pagedllm.server.generation import (ClientDisconnected, Prompt, abort_all, beam_params,
+                                        check_beam_search,
                                         collect, merge, sampling_params, submit, truncate)
 from pagedllm.server.echo import echo_text, outputs_of, prompt_echo_logprobs
 from pagedllm.server.ignored_fields import ignored_fields_header
@@ -95,7 +96,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
         params = replace(params, min_tokens=0)
     request_id = new_id("cmpl")
     key = request_cache_key(raw, req.cache_salt, state.settings.cache_salt_by_api_key)
-    streams = await submit(state, request_id, prompts, params, arrival_time, key)
+    streams = await submit(state, request_id, prompts, params, arrival_time, key,
+                           beam_params(req, params))
     if req.stream:
         events = _stream(state, req, request_id, prompts, streams, holdback_for(stops))
         return sse_response(events, headers)
