@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a GPU device machine (issue 8's verification): builds pagedllm with the CUDA
+# One call on a GPU device machine (issues 8 and 12's verification): builds pagedllm with the CUDA
 # kernels for sm_90, runs the CUDA tests (and the CPU kernel tests they rely on), then the GPU
 # benchmark. Everything is logged under $OUT:
 #   env.txt        nvidia-smi, nvcc, python / torch versions
@@ -59,7 +59,14 @@ if [ "$build_ok" = 1 ]; then
   step import 60 tests.log "$PY" -c "import pagedllm._core as c; i = c.build_info(); print(i); assert i['gpu_count'] > 0, 'no GPU visible'"
   step tests 300 tests.log "$PY" -m pytest -q -rfEs -p no:cacheprovider \
     --junitxml="$OUT/junit.xml" tests/python/test_cuda_kernels.py tests/python/test_cuda_nogpu.py
+  # The engine on the GPU (issue 12): parity with transformers, swap under pressure, the
+  # swap copies on their own stream (chrome trace kept under $OUT/traces).
+  PAGEDLLM_TRACE_DIR="$OUT/traces" step engine_tests 240 tests.log "$PY" -m pytest -q -rfEs \
+    -p no:cacheprovider --junitxml="$OUT/junit_engine.xml" tests/python/test_engine_gpu.py \
+    tests/python/test_engine_device.py
   step bench 240 bench.log "$PY" benchmarks/gpu/bench_cuda_attention.py --out "$OUT/bench.json"
+  step engine_bench 240 bench.log "$PY" benchmarks/gpu/bench_gpu_engine.py --quick \
+    --out "$OUT/engine_bench.json"
   # Memory and shared-memory race checks of one case per kernel (Firecracker machines only).
   if command -v compute-sanitizer >/dev/null; then
     step memcheck 150 sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 \
