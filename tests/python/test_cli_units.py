@@ -52,6 +52,22 @@ def test_flags_build_the_engine_config():
     assert engine_config(engine_args()) == EngineConfig()
 
 
+def test_worker_flags_build_the_engine_config():
+    cfg = engine_config(engine_args("--device", "cpu", "--dtype", "bfloat16",
+                                    "--preemption-mode", "swap", "--swap-space", "0.5",
+                                    "--gpu-memory-utilization", "0.8"))
+    assert (cfg.device, cfg.dtype, cfg.preemption_mode, cfg.swap_space,
+            cfg.gpu_memory_utilization) == ("cpu", "bfloat16", "swap", 0.5, 0.8)
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--device", "tpu"], "--device"), (["--swap-space", "-2"], "--swap-space"),
+    (["--gpu-memory-utilization", "3"], "--gpu-memory-utilization")])
+def test_bad_worker_flags_are_one_line_usage_errors(capsys, argv, flag):
+    code, _, err = run_cli(capsys, "generate", "x", *argv)
+    assert code == 2 and err.count("\n") == 1 and flag in err, err
+
+
 def test_config_file_with_flags_winning(tmp_path):
     path = tmp_path / "engine.yaml"
     path.write_text("model: /m\nkv_cache:\n  block_size: 32\n  num_blocks: 100\n"
