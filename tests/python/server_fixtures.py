@@ -78,7 +78,8 @@ class ScriptedEngine:
         self.fail_next_step = False
         self.extra_keys: Dict[str, int] = {}  # request id -> the prefix-cache namespace it got
 
-    def add_request(self, request_id, prompt, params=None, arrival_time=None, extra_key=0):
+    def add_request(self, request_id, prompt, params=None, arrival_time=None, extra_key=0,
+                    group=None):
         self.thread_ids.add(threading.get_ident())
         params = params or SamplingParams()
         ids = list(prompt["prompt_token_ids"]) if isinstance(prompt, dict) else self.tokenizer.encode(prompt)

@@ -111,3 +111,26 @@ def test_nothing_to_schedule_is_empty():
     sched = Scheduler(kv, 2, 8)
     out = sched.schedule()
     assert out.is_empty and out.num_tokens == 0
+
+
+def test_grouped_requests_are_admitted_fairly():
+    # One client's six prompts (group "big") arrive before another's one (group "small"):
+    # with room for four sequences, the small one is admitted in the first step.
+    kv = _core.KVCacheManager(64, 4)
+    sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
+    big = [Request(f"big-{i}", None, [1, 2, 3], SamplingParams(max_tokens=4), group="big")
+           for i in range(6)]
+    small = Request("small-0", None, [4, 5], SamplingParams(max_tokens=4), group="small")
+    for r in big + [small]:
+        sched.add_request(r)
+    out = run_step(sched)
+    ids = [e.seq.request.request_id for e in out.scheduled]
+    assert ids == ["big-0", "small-0", "big-1", "big-2"], ids
+    # Without groups: arrival order.
+    kv2 = _core.KVCacheManager(64, 4)
+    fcfs = Scheduler(kv2, max_num_seqs=4, max_num_batched_tokens=64)
+    reqs = [make_request(i, [1, 2, 3]) for i in range(6)]
+    for r in reqs:
+        fcfs.add_request(r)
+    out = run_step(fcfs)
+    assert [e.seq.request.request_id for e in out.scheduled] == ["0", "1", "2", "3"]

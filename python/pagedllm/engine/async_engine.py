@@ -110,6 +110,7 @@ class _Add:
     accepted: concurrent.futures.Future
     beam: Any = None      # BeamSearchParams: a beam search returning its best `beam_n` beams
     beam_n: int = 1
+    group: Optional[str] = None
 
 
 class AsyncLLMEngine:
@@ -172,7 +173,7 @@ class AsyncLLMEngine:
     async def add_request(self, request_id: str, prompt: Any, params: SamplingParams,
                           arrival_time: Optional[float] = None,
                           extra_key: int = 0, beam: Any = None,
-                          beam_n: int = 1) -> RequestStream:
+                          beam_n: int = 1, group: Optional[str] = None) -> RequestStream:
         """Queues a request and waits until the engine accepted it.
 
         Args:
@@ -185,6 +186,7 @@ class AsyncLLMEngine:
                 server's bookkeeping); its stream yields one finished output whose
                 completions are the `beam_n` best beams.
             beam_n: beams returned.
+            group: fair-share key (LLMEngine.add_request).
         Returns:
             The request's output stream.
         Raises:
@@ -197,7 +199,7 @@ class AsyncLLMEngine:
         stream = RequestStream(request_id, asyncio.get_running_loop())
         accepted: concurrent.futures.Future = concurrent.futures.Future()
         self._post(_Add(request_id, prompt, params, arrival_time, extra_key, stream, accepted,
-                        beam, beam_n))
+                        beam, beam_n, group))
         try:
             await asyncio.wrap_future(accepted)
         except asyncio.CancelledError:
@@ -274,13 +276,14 @@ class AsyncLLMEngine:
             if item.beam is not None:
                 self.engine.add_beam_request(item.request_id, item.prompt, item.beam,
                                              arrival_time=item.arrival_time,
-                                             extra_key=item.extra_key)
+                                             extra_key=item.extra_key, group=item.group)
                 req = self.engine.requests[item.request_id]
                 self._beams[item.request_id] = (req.prompt, list(req.prompt_token_ids),
                                                 item.beam_n)
             else:
                 self.engine.add_request(item.request_id, item.prompt, item.params,
-                                        arrival_time=item.arrival_time, extra_key=item.extra_key)
+                                        arrival_time=item.arrival_time, extra_key=item.extra_key,
+                                        group=item.group)
         except Exception as e:  # ValueError: the request can never run
             item.accepted.set_exception(e)
             return

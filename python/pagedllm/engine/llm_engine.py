@@ -201,7 +201,7 @@ class LLMEngine:
 
     def add_request(self, request_id: Optional[str], prompt: PromptType,
                     params: Optional[SamplingParams] = None, arrival_time: Optional[float] = None,
-                    extra_key: int = 0) -> str:
+                    extra_key: int = 0, group: Optional[str] = None) -> str:
         """Queues a request. It joins the running batch at the next step.
 
         Args:
@@ -210,6 +210,9 @@ class LLMEngine:
             params: sampling parameters (default SamplingParams()).
             arrival_time: for metrics (default now).
             extra_key: prefix-cache namespace (a tenant salt / adapter id hash; 0 = shared).
+            group: fair-share key: waiting requests with a group are admitted group by group,
+                fewest running sequences first (the server gives each HTTP request's prompts
+                one group); None: arrival order.
         Returns:
             The request id.
         Raises:
@@ -224,14 +227,14 @@ class LLMEngine:
         if params.max_tokens is None:
             params = dataclasses.replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
         self._validate(request_id, ids, params.max_tokens)
-        req = Request(request_id, text, ids, params, extra_key, arrival_time)
+        req = Request(request_id, text, ids, params, extra_key, arrival_time, group)
         self.scheduler.add_request(req)
         self.num_prompt_tokens += len(ids)
         return request_id
 
     def add_beam_request(self, request_id: Optional[str], prompt: PromptType,
                          params: BeamSearchParams, arrival_time: Optional[float] = None,
-                         extra_key: int = 0) -> str:
+                         extra_key: int = 0, group: Optional[str] = None) -> str:
         """Queues a beam-search request; its result comes from beam_search_result().
 
         Args:
@@ -240,6 +243,7 @@ class LLMEngine:
             params: beam width, max_tokens, length penalty, ...
             arrival_time: for metrics (default now).
             extra_key: prefix-cache namespace.
+            group: fair-share key (see add_request).
         Returns:
             The request id.
         Raises:
@@ -252,8 +256,8 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self._prompt_ids(prompt)
         self._validate(request_id, ids, sp.max_tokens)
-        self.scheduler.add_request(Request(request_id, text, ids, sp, extra_key, arrival_time),
-                                   beam=params)
+        self.scheduler.add_request(
+            Request(request_id, text, ids, sp, extra_key, arrival_time, group), beam=params)
         self.num_prompt_tokens += len(ids)
         return request_id
 

@@ -414,13 +414,35 @@ class Scheduler:
             budget -= n_new
         return budget
 
+    def _next_waiting(self, start: int) -> int:
+        """Index of the next sequence to admit at or after `start`: arrival order, except that
+        among grouped requests the group with the fewest running sequences goes first."""
+        if not any(s.request.group is not None for s in self.waiting[start:start + 1]):
+            return start
+        running: Dict[str, int] = {}
+        for s in self.running:
+            if s.request.group is not None:
+                running[s.request.group] = running.get(s.request.group, 0) + 1
+        best, best_key = start, None
+        seen = set()
+        for i in range(start, len(self.waiting)):
+            g = self.waiting[i].request.group
+            if g is None or g in seen or self.waiting[i].is_idle:
+                continue
+            seen.add(g)  # the earliest waiting sequence of each group
+            key = running.get(g, 0)
+            if best_key is None or key < best_key:
+                best, best_key = i, key
+        return best
+
     def _schedule_waiting(self, budget: int, step: _Step) -> None:
         i = 0
         while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[i]
-            if seq.is_idle:
+            if self.waiting[i].is_idle:
                 i += 1
                 continue
+            i = self._next_waiting(i)
+            seq = self.waiting[i]
             req = seq.request
             tokens = np.asarray(seq.token_ids, dtype=np.int32)
             hashes = self._hashes(req)
@@ -441,6 +463,7 @@ class Scheduler:
             step.add(seq, cached, n, res[1], res[2])
             budget -= n
             self._run(seq)
+            i = 0  # the next pick starts over (idle sequences stay skipped)
 
     def _unblock(self, step: _Step) -> None:
         """Nothing was scheduled although work remains: readmit what was just preempted, then

@@ -112,13 +112,17 @@ class Request:
         prompt_token_ids: the prompt's token ids.
         params: the sampling parameters.
         extra_key: prefix-cache key separating tenants / adapters (0 = shared).
+        group: requests with a group are admitted fairly between groups (fewest running
+            sequences first), so one client's many prompts cannot starve another's one.
         seqs: the sequences (1 until the prompt is computed, then best_of).
         prompt_logprobs: per prompt token, when requested.
     """
 
     def __init__(self, request_id: str, prompt: Optional[str], prompt_token_ids: List[int],
-                 params: SamplingParams, extra_key: int = 0, arrival_time: Optional[float] = None):
+                 params: SamplingParams, extra_key: int = 0, arrival_time: Optional[float] = None,
+                 group: Optional[str] = None):
         self.request_id = request_id
+        self.group = group  # fair-share key (an HTTP request's prompts share one); None: FCFS
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params

@@ -134,7 +134,8 @@ async def submit(state: ServerState, base_id: str, prompts: List[Prompt],
     try:
         results = await asyncio.gather(
             *(state.engine.add_request(rid, engine_prompt(p), params, arrival_time=arrival_time,
-                                       extra_key=extra_key, beam=beam, beam_n=params.n)
+                                       extra_key=extra_key, beam=beam, beam_n=params.n,
+                                       group=base_id)
               for rid, p in zip(ids, prompts)),
             return_exceptions=True)
     except BaseException:  # cancelled (the client left): none of them may stay behind
