@@ -112,9 +112,9 @@ def test_heads_not_a_multiple_of_kv_heads_is_refused(ckpt):
 
 # --- defect 6: absurd sizes, refused before anything is sized from them -------------------------
 @pytest.mark.parametrize("field, value", [
-    ("num_hidden_layers", 1_000_000_000), ("hidden_size", 10 ** 9), ("vocab_size", 10 ** 12),
+    ("num_hidden_layers", 5000), ("hidden_size", 10 ** 9), ("vocab_size", 10 ** 12),
     ("intermediate_size", 10 ** 9), ("max_position_embeddings", 10 ** 12),
-    ("num_attention_heads", 10 ** 6), ("num_hidden_layers", 10 ** 400),
+    ("num_attention_heads", 10 ** 6),
 ])
 def test_absurd_dimension_is_refused_naming_it(ckpt, field, value):
     _edit_json(ckpt, "config.json", **{field: value})
@@ -124,20 +124,21 @@ def test_absurd_dimension_is_refused_naming_it(ckpt, field, value):
     assert "config.json" in msg and field in msg and "expected at most" in msg, msg
 
 
-def test_billion_layers_is_refused_in_a_bounded_process(ckpt):
+@pytest.mark.parametrize("layers", [1_000_000_000, 10 ** 400])
+def test_billion_layers_is_refused_in_a_bounded_process(ckpt, layers):
     # The regression exhausted memory building the expected-tensor table: run it where a
     # regression fails (address-space limit, deadline) instead of taking the machine down.
-    _edit_json(ckpt, "config.json", num_hidden_layers=1_000_000_000)
+    _edit_json(ckpt, "config.json", num_hidden_layers=layers)
     script = (
         "import resource, sys\n"
-        "resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
         "from pagedllm.model import CheckpointError, load_model\n"
         "try:\n"
         "    load_model(sys.argv[1])\n"
         "except CheckpointError as e:\n"
         "    print('REFUSED', e)\n")
     r = subprocess.run([sys.executable, "-c", script, str(ckpt)], capture_output=True, text=True,
-                       timeout=DEADLINE_S * 2)
+                       timeout=DEADLINE_S)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("REFUSED") and "num_hidden_layers" in r.stdout, r.stdout
 
