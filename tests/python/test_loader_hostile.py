@@ -208,6 +208,8 @@ def test_device_named_config_is_refused(ckpt):
     ({"top_p": 1.5}, "top_p = 1.5"),
     ({"top_k": -2}, "top_k = -2"),
     ({"top_k": 2.5}, "top_k = 2.5"),
+    ({"top_k": 2 ** 63}, "top_k = 9223372036854775808"),
+    ({"max_new_tokens": 10 ** 30}, "max_new_tokens = 1000000000000000000000000000000"),
     ({"min_p": 2}, "min_p = 2"),
     ({"repetition_penalty": 0}, "repetition_penalty = 0"),
     ({"max_new_tokens": 0}, "max_new_tokens = 0"),

@@ -22,6 +22,8 @@ from pagedllm.model.files import read_json
 GENERATION_CONFIG = "generation_config.json"
 # Sampling knobs taken over as request defaults (max_new_tokens becomes max_tokens).
 DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# Largest top_k / max_new_tokens accepted (the sampler and scheduler count in 32-bit ints).
+MAX_INT_KNOB = (1 << 31) - 1
 # Token-id fields checked against the vocabulary.
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id")
 
@@ -55,11 +57,13 @@ def generation_config_problem(gen: Mapping[str, Any], vocab_size: int) -> Option
             if x is not None and not ok(x):
                 raise _Bad(f"{key} = {gen[key]!r}: expected a number {expected}")
         top_k = gen.get("top_k")
-        if top_k is not None and (not _is_int(top_k) or top_k < -1):
-            raise _Bad(f"top_k = {top_k!r}: expected -1, 0 (all tokens) or a positive integer")
+        if top_k is not None and (not _is_int(top_k) or not -1 <= top_k <= MAX_INT_KNOB):
+            raise _Bad(f"top_k = {top_k!r}: expected -1, 0 (all tokens) or a positive integer "
+                       f"up to {MAX_INT_KNOB}")
         max_new = gen.get("max_new_tokens")
-        if max_new is not None and (not _is_int(max_new) or max_new < 1):
-            raise _Bad(f"max_new_tokens = {max_new!r}: expected a positive integer")
+        if max_new is not None and (not _is_int(max_new) or not 1 <= max_new <= MAX_INT_KNOB):
+            raise _Bad(f"max_new_tokens = {max_new!r}: expected a positive integer up to "
+                       f"{MAX_INT_KNOB}")
         do_sample = gen.get("do_sample")
         if do_sample is not None and not isinstance(do_sample, bool):
             raise _Bad(f"do_sample = {do_sample!r}: expected true or false")
