@@ -103,6 +103,13 @@ def test_supported_head_dim_with_rewritten_weights_loads(ckpt):
     assert config.head_dim == 24
 
 
+def test_cuda_head_dims_are_the_compiled_ones():
+    from pagedllm.model.limits import head_dim_problem
+
+    assert head_dim_problem(128, "cuda") is None and head_dim_problem(24) is None
+    assert "one of 64, 80, 96, 128, 256" in head_dim_problem(24, "cuda")
+
+
 def test_heads_not_a_multiple_of_kv_heads_is_refused(ckpt):
     _edit_json(ckpt, "config.json", num_key_value_heads=3, head_dim=16)
     with pytest.raises(CheckpointError, match="num_attention_heads = 4 is not a multiple of "
@@ -177,7 +184,8 @@ def test_fifo_shard_and_index_are_refused(tmp_path):
     os.remove(index)
     os.mkfifo(index)
     error = _within_deadline(lambda: load_model(path), unblock_fifo=index)
-    assert isinstance(error, CheckpointError) and "index.json" in str(error) and "FIFO" in str(error)
+    assert isinstance(error, CheckpointError), repr(error)
+    assert "index.json" in str(error) and "FIFO" in str(error)
 
 
 @pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json",

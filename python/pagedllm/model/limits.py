@@ -13,6 +13,8 @@ from __future__ import annotations
 MIN_HEAD_DIM = 8
 MAX_HEAD_DIM = 512
 HEAD_DIM_MULTIPLE = 8
+# The CUDA kernels' compiled head dims (one dispatch switch; docs/ARCHITECTURE.md, CUDA).
+CUDA_HEAD_DIMS = (64, 80, 96, 128, 256)
 
 # Upper bounds of config.json's dimensions (head_dim: head_dim_problem).
 MAX_DIMENSIONS = {
@@ -26,14 +28,20 @@ MAX_DIMENSIONS = {
 }
 
 
-def head_dim_problem(head_dim: int) -> str | None:
-    """Why the kernels cannot run `head_dim`, or None when they can.
+def head_dim_problem(head_dim: int, device: str = "cpu") -> str | None:
+    """Why the kernels of `device` cannot run `head_dim`, or None when they can.
 
     Args:
         head_dim: the attention head size.
+        device: "cpu" (what ModelConfig checks) or "cuda" (the compiled CUDA head dims).
     Returns:
         A message naming the value and what is supported, or None.
     """
+    if device == "cuda":
+        if head_dim in CUDA_HEAD_DIMS:
+            return None
+        return (f"head_dim = {head_dim} is not supported by the CUDA attention kernels: "
+                f"expected one of {', '.join(map(str, CUDA_HEAD_DIMS))}")
     if (MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM) and head_dim % HEAD_DIM_MULTIPLE == 0:
         return None
     return (f"head_dim = {head_dim} is not supported by the attention kernels: expected a "
