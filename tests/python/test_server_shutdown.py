@@ -21,8 +21,11 @@ from server_fixtures import ScriptedEngine, scrape
 
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(pagedllm.__file__)))
 DEADLINE_S = 120  # "does not hang"
-# Long requests on the bundled model: seconds of decoding, far beyond the grace period.
-LONG = {"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True}
+# Long requests on the bundled model: seconds of decoding (3 choices of 900 tokens), far beyond
+# the grace period.
+LONG = {"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True, "n": 3}
+CHAT = {"messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": 900,
+        "ignore_eos": True, "n": 3, "stream": True}
 
 
 def _start_serve(*flags):
@@ -48,28 +51,28 @@ def _wait_running(url, n):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stop_under_load_ends_every_request_cleanly_and_exits_0(sig):
-    proc, url = _start_serve("--shutdown-grace", "0.5")
+    proc, url = _start_serve("--shutdown-grace", "0.2")
     results = {}
 
     def non_stream():
         results["plain"] = httpx.post(url + "/v1/completions", json=LONG, timeout=DEADLINE_S)
 
-    def stream():
+    def stream(key, route, body):
         events = []
-        with httpx.stream("POST", url + "/v1/completions", json={**LONG, "stream": True},
-                          timeout=DEADLINE_S) as r:
-            results["stream_status"] = r.status_code
-            for line in r.iter_lines():
-                if line:
-                    events.append(line)
-                    results["stream_started"] = True
-        results["stream"] = events
+        with httpx.stream("POST", url + route, json=body, timeout=DEADLINE_S) as r:
+            results[key + "_status"] = r.status_code
+            events.extend(line for line in r.iter_lines() if line)
+        results[key] = events
 
-    threads = [threading.Thread(target=f, daemon=True) for f in (non_stream, stream)]
+    threads = [threading.Thread(target=non_stream, daemon=True),
+               threading.Thread(target=stream, daemon=True,
+                                args=("stream", "/v1/completions", {**LONG, "stream": True})),
+               threading.Thread(target=stream, daemon=True,
+                                args=("chat", "/v1/chat/completions", CHAT))]
     try:
         for t in threads:
             t.start()
-        _wait_running(url, 2)
+        _wait_running(url, 3)
         proc.send_signal(sig)
         for t in threads:
             t.join(DEADLINE_S)
@@ -87,13 +90,14 @@ def test_stop_under_load_ends_every_request_cleanly_and_exits_0(sig):
     error = plain.json()["error"]
     assert error["type"] == "service_unavailable_error" and "shutting down" in error["message"]
 
-    events = results["stream"]
-    assert results["stream_status"] == 200 and len(events) >= 3, events
-    assert events[-1] == "data: [DONE]", events[-3:]
-    last = json.loads(events[-2].removeprefix("data: "))
-    assert last["error"]["type"] == "service_unavailable_error", last
-    assert all(json.loads(e.removeprefix("data: ")).get("object") == "text_completion"
-               for e in events[:-2])  # tokens streamed before the stop
+    for key, kind in (("stream", "text_completion"), ("chat", "chat.completion.chunk")):
+        events = results[key]
+        assert results[key + "_status"] == 200 and len(events) >= 3, events
+        assert events[-1] == "data: [DONE]", events[-3:]
+        last = json.loads(events[-2].removeprefix("data: "))
+        assert last["error"]["type"] == "service_unavailable_error", last
+        assert all(json.loads(e.removeprefix("data: ")).get("object") == kind
+                   for e in events[:-2])  # tokens streamed before the stop
 
     assert code == 0, err
     assert f"server stopped ({signal.Signals(sig).name})" in err, err
