@@ -172,3 +172,17 @@ def test_limits_are_validated():
         ServerLimits(max_connections=0)
     with pytest.raises(ValueError, match="shutdown_grace must be >= 0"):
         ServerLimits(shutdown_grace=-1)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--timeout-header", "0"], "--timeout-header: must be > 0 seconds"),
+    (["--timeout-body", "nan"], "--timeout-body: must be a finite number"),
+    (["--max-connections", "0"], "--max-connections: must be >= 1"),
+    (["--shutdown-grace", "-1"], "--shutdown-grace: must be a finite number >= 0"),
+])
+def test_serve_flags_are_checked_before_the_model_loads(capsys, tmp_path, argv, match):
+    from pagedllm import cli
+
+    code = cli.main(["serve", "--model", str(tmp_path / "missing"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and match in err, err
