@@ -5,15 +5,23 @@ Special ids come from, in order of precedence: tokenizer_config.json (`bos_token
 `eos_token`, `add_bos_token`), generation_config.json and config.json (`bos_token_id`,
 `eos_token_id`). The eos ids are the union of all of them (Llama 3 instruct models stop on
 several ids), first-found first.
+
+Checked when loading (CheckpointError, a ValueError, naming the file): every file is a regular
+file (a FIFO named tokenizer.json is refused, never waited on); the tokenizer's ids fit the
+model's vocabulary (config.json's vocab_size may be padded above the tokenizer's, as
+transformers' checkpoints often are, but a tokenizer with more ids than the model has rows
+would index past the embedding); and the bos/eos ids are inside that vocabulary.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Iterable, Optional, Sequence
 
 from tokenizers import Tokenizer as _HFTokenizer
+
+from pagedllm.model.errors import CheckpointError
+from pagedllm.model.files import read_json, read_regular_bytes
 
 # Tokens of context kept before the first new token (vLLM's initial detokenization offset):
 # enough for the decoder to see word boundaries right at the start.
@@ -46,15 +54,18 @@ class Tokenizer:
 
         Raises:
             FileNotFoundError: no tokenizer.json in `path`.
-            ValueError: a file that cannot be parsed (the message names it).
+            CheckpointError (a ValueError): a file that is not regular or cannot be parsed, a
+                tokenizer larger than config.json's vocab_size, or a bos/eos id outside it (the
+                message names the file).
         """
         tk_path = os.path.join(path, "tokenizer.json")
-        if not os.path.isfile(tk_path):
+        if not os.path.lexists(tk_path):
             raise FileNotFoundError(f"{tk_path}: not found (prompts can be given as token ids)")
+        data = read_regular_bytes(tk_path)
         try:
-            tk = _HFTokenizer.from_file(tk_path)
+            tk = _HFTokenizer.from_str(data.decode("utf-8"))
         except Exception as e:  # tokenizers raises a bare Exception on a malformed file
-            raise ValueError(f"{tk_path}: not a valid tokenizer.json ({e})") from None
+            raise CheckpointError(f"{tk_path}: not a valid tokenizer.json ({e})") from None
         tok_cfg = _optional_json(os.path.join(path, "tokenizer_config.json"))
         gen_cfg = _optional_json(os.path.join(path, "generation_config.json"))
         model_cfg = _optional_json(os.path.join(path, "config.json"))
@@ -67,6 +78,7 @@ class Tokenizer:
         if bos is None:
             bos_ids = _ids(gen_cfg.get("bos_token_id", model_cfg.get("bos_token_id")))
             bos = bos_ids[0] if bos_ids else None
+        _check_fits_model(tk, tk_path, bos, eos, model_cfg, os.path.join(path, "config.json"))
         return cls(tk, bos, eos, bool(tok_cfg.get("add_bos_token", False)))
 
     @property
@@ -137,16 +149,26 @@ class IncrementalDetokenizer:
 
 
 def _optional_json(path: str) -> dict[str, Any]:
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot be read as JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return d
+    return read_json(path) if os.path.lexists(path) else {}
+
+
+def _check_fits_model(tk: _HFTokenizer, tk_path: str, bos: Optional[int], eos: Sequence[int],
+                      model_cfg: dict[str, Any], cfg_path: str) -> None:
+    """Refuses a tokenizer whose ids, or bos/eos ids, do not fit config.json's vocab_size."""
+    vocab = model_cfg.get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab <= 0:
+        return  # no model config here (a bare tokenizer directory): nothing to check against
+    ids = tk.get_vocab(with_added_tokens=True).values()
+    needed = max(ids, default=-1) + 1
+    if needed > vocab:
+        raise CheckpointError(
+            f"{tk_path}: the tokenizer has token ids up to {needed - 1}, but {cfg_path} has "
+            f"vocab_size = {vocab}: expected every token id below vocab_size (a tokenizer for "
+            f"another model?)")
+    for name, tid in [("bos", bos)] + [("eos", e) for e in eos]:
+        if tid is not None and not 0 <= tid < vocab:
+            raise CheckpointError(f"{os.path.dirname(tk_path) or '.'}: the {name} token id {tid} "
+                                  f"is outside the model vocabulary [0, {vocab})")
 
 
 def _token_id(tk: _HFTokenizer, token: Any) -> Optional[int]:

@@ -4,6 +4,12 @@ Routes: /v1/completions, /v1/chat/completions, /v1/models (behind --api-key when
 /health, /tokenize, /detokenize, /metrics (Prometheus). Binds 127.0.0.1 unless told otherwise;
 the port is taken before the model loads, so a busy port fails at once.
 
+Slow clients are cut off (--timeout-header, --timeout-body: 408 and close) and connections are
+capped (--max-connections: 503 and close). SIGTERM or Ctrl-C stops the server: new connections
+are refused, running requests get --shutdown-grace seconds to finish, then each one still
+running ends with a 503 error (an SSE error event then [DONE] on streams), and the process
+exits 0 after "server stopped".
+
 examples:
   pagedllm serve --model ./llama
   PAGEDLLM_API_KEY=secret pagedllm serve --host 0.0.0.0 --port 8000
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 
@@ -42,11 +49,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest request body (1MiB)")
     h.add_argument("--max-tokens-limit", type=positive_int, default=4096, metavar="N",
                    help="largest max_tokens a request may ask for (4096)")
+    h.add_argument("--timeout-header", type=_seconds, default=20.0, metavar="S",
+                   help="seconds a connection may take to send a request's headers, from when "
+                        "it opens or its last response ended (20)")
+    h.add_argument("--timeout-body", type=_seconds, default=60.0, metavar="S",
+                   help="seconds a request may take to send its body (60)")
+    h.add_argument("--max-connections", type=positive_int, default=512, metavar="N",
+                   help="open connections at most; more are answered 503 (512)")
+    h.add_argument("--shutdown-grace", type=_seconds_or_zero, default=5.0, metavar="S",
+                   help="seconds running requests may finish in at shutdown before they end "
+                        "with a 503 (5)")
     h.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (info)")
     add_policy_arguments(h)  # CORS, --strict-fields, --metrics-public, cache salting, limits
     add_engine_args(p)
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a number of seconds > 0."""
+    value = _seconds_or_zero(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0 seconds, got 0")
+    return value
+
+
+def _seconds_or_zero(text: str) -> float:
+    """argparse type: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -70,6 +106,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def run(args: argparse.Namespace) -> int:
     config = engine_config(args)
     from pagedllm.server.auth import API_KEY_ENV
+    from pagedllm.server.lifecycle import PagedServer, ServerLimits
     from pagedllm.server.state import ServerSettings
 
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
@@ -78,17 +115,18 @@ def run(args: argparse.Namespace) -> int:
                                   max_request_bytes=args.max_request_bytes,
                                   max_tokens_limit=args.max_tokens_limit,
                                   chat_template=args.chat_template, **policy_settings(args))
+        limits = ServerLimits(header_timeout=args.timeout_header, body_timeout=args.timeout_body,
+                              max_connections=args.max_connections,
+                              shutdown_grace=args.shutdown_grace)
     except ValueError as e:
         raise UsageError(str(e)) from None
     sock = bind_socket(args.host, args.port)
-    import uvicorn
-
     from pagedllm.server.app import create_app
     from pagedllm.server.chat_template import ChatTemplateError
 
     engine = build_engine(config)
     try:
-        app = create_app(engine, settings)
+        app = create_app(engine, settings, limits)
     except ChatTemplateError as e:
         raise UsageError(f"{e} (fix --chat-template or the checkpoint's tokenizer_config.json)") from None
     host, port = sock.getsockname()[:2]
@@ -96,13 +134,10 @@ def run(args: argparse.Namespace) -> int:
     auth = "an API key" if api_key else "no API key"
     print(f"pagedllm: serving {app.state.server.model_name!r} on http://{shown}:{port} "
           f"(OpenAI API under /v1, {auth}; Ctrl-C stops)", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, lifespan="on",
-                                           timeout_graceful_shutdown=5))
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
-        pass
+    server = PagedServer(app, limits, log_level=args.log_level)
+    server.run(sockets=[sock])  # returns after a clean stop (SIGTERM, SIGINT)
     if not server.started:
         raise CliError("the server did not start (see uvicorn's log above)")
-    print("pagedllm: server stopped", file=sys.stderr)
+    why = f" ({signal.Signals(server.stop_signal).name})" if server.stop_signal else ""
+    print(f"pagedllm: server stopped{why}", file=sys.stderr, flush=True)
     return 0

@@ -28,6 +28,7 @@ from pagedllm.engine.executor import Executor, make_executor
 from pagedllm.engine.sampler import Sampler
 from pagedllm.engine.scheduler import Scheduler, SchedulerOutput
 from pagedllm.engine.sequence import Request
+from pagedllm.model.generation_config import read_generation_defaults
 from pagedllm.outputs import BeamSearchOutput, RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, SamplingParams
 from pagedllm.text_checks import check_text
@@ -125,31 +126,17 @@ class LLMEngine:
     def generation_defaults(self) -> dict:
         """Sampling defaults from the checkpoint's generation_config.json (vLLM's behaviour):
         temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens (as max_tokens),
-        where present; temperature 0 when it sets do_sample false."""
-        import json
-
-        path = os.path.join(self.model_path, "generation_config.json")
-        if not os.path.isfile(path):
-            return {}
-        try:
-            with open(path) as f:
-                gen = json.load(f)
-        except (OSError, ValueError):
-            return {}
-        out = {k: gen[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-               if isinstance(gen.get(k), (int, float)) and not isinstance(gen.get(k), bool)}
-        if isinstance(gen.get("max_new_tokens"), int):
-            out["max_tokens"] = gen["max_new_tokens"]
-        if gen.get("do_sample") is False:
-            out["temperature"] = 0.0
-        return out
+        where present; temperature 0 when it sets do_sample false. Validated at load."""
+        return read_generation_defaults(self.model_path, self.model_config.vocab_size)
 
     def default_sampling_params(self, **overrides) -> SamplingParams:
         """SamplingParams with the checkpoint's generation defaults, then `overrides`."""
         return SamplingParams(**{**self.generation_defaults(), **overrides})
 
     def _load_tokenizer(self):
-        if not os.path.isfile(os.path.join(self.model_path, "tokenizer.json")):
+        # lexists: a tokenizer.json that is not a regular file is refused by from_dir, not
+        # silently taken for "no tokenizer".
+        if not os.path.lexists(os.path.join(self.model_path, "tokenizer.json")):
             return None
         from pagedllm.tokenizer import Tokenizer
 

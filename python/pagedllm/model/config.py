@@ -8,13 +8,16 @@ so the model code never looks at the raw dict.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from pagedllm.model.errors import CheckpointError
+from pagedllm.model.files import read_json
+from pagedllm.model.generation_config import (GENERATION_CONFIG, check_generation_config,
+                                              token_ids_problem)
+from pagedllm.model.limits import MAX_DIMENSIONS, head_dim_problem
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -65,7 +68,9 @@ class ModelConfig:
 
     Field names follow Hugging Face's config.json. `eos_token_ids` merges config.json's
     `eos_token_id` with generation_config.json's (which wins when present).
-    Raises ValueError on an inconsistent config (from_dir turns it into CheckpointError).
+    Every dimension is bounded (model/limits.py: far above any released Llama) and head_dim
+    must be one the attention kernels run. Raises ValueError on an inconsistent, unsupported
+    or absurd config (from_dir turns it into CheckpointError).
     """
 
     vocab_size: int
@@ -95,13 +100,16 @@ class ModelConfig:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
                 raise ValueError(f"{name} = {value!r}: expected a positive integer")
+            if value > MAX_DIMENSIONS.get(name, value):
+                raise ValueError(f"{name} = {value}: expected at most {MAX_DIMENSIONS[name]} "
+                                 f"(no Llama is that large; is config.json corrupt?)")
+        problem = head_dim_problem(self.head_dim)
+        if problem:
+            raise ValueError(problem)
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
                 f"num_attention_heads = {self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads = {self.num_key_value_heads}")
-        if self.head_dim % 2 != 0:
-            raise ValueError(f"head_dim = {self.head_dim}: expected an even number "
-                             f"(RoPE rotates pairs)")
         if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0):
             raise ValueError(f"rms_norm_eps = {self.rms_norm_eps!r}: expected a positive number")
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
@@ -182,12 +190,17 @@ class ModelConfig:
                              f"for Llama")
 
         gen = generation_config or {}
+        vocab = req_int("vocab_size")
+        for key in ("bos_token_id", "eos_token_id"):  # config.json's own, even when gen overrides
+            problem = token_ids_problem(key, d.get(key), vocab) if vocab > 0 else None
+            if problem:
+                raise ValueError(problem)
         eos = gen.get("eos_token_id", d.get("eos_token_id"))
         bos = gen.get("bos_token_id", d.get("bos_token_id"))
         eos_ids = tuple(_as_int("eos_token_id", e) for e in
                         (eos if isinstance(eos, list) else ([] if eos is None else [eos])))
         return cls(
-            vocab_size=req_int("vocab_size"),
+            vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=req_int("intermediate_size"),
             num_hidden_layers=req_int("num_hidden_layers"),
@@ -213,13 +226,21 @@ class ModelConfig:
     def from_dir(cls, path: str | os.PathLike) -> "ModelConfig":
         """Reads config.json (required) and generation_config.json (optional) from `path`.
 
+        Only regular files are read (a FIFO or device named config.json is refused, never
+        waited on). generation_config.json is validated (model/generation_config.py).
+
         Raises:
-            CheckpointError: a missing/unreadable file or an invalid config (names the file).
+            CheckpointError: a missing/unreadable/non-regular file or an invalid config (names
+                the file).
         """
         cfg_path = os.path.join(path, "config.json")
         d = read_json(cfg_path)
-        gen_path = os.path.join(path, "generation_config.json")
-        gen = read_json(gen_path) if os.path.exists(gen_path) else None
+        gen_path = os.path.join(path, GENERATION_CONFIG)
+        gen = read_json(gen_path) if os.path.lexists(gen_path) else None
+        if gen is not None:
+            vocab = d.get("vocab_size")
+            if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
+                check_generation_config(gen, vocab, gen_path)
         try:
             return cls.from_dict(d, gen)
         except (ValueError, TypeError) as e:
@@ -257,20 +278,6 @@ class ModelConfig:
         if self.checkpoint_dtype is not None:
             d["torch_dtype"] = self.checkpoint_dtype
         return d
-
-
-def read_json(path: str) -> dict[str, Any]:
-    """Loads a JSON object from `path`; CheckpointError naming the file if it is missing or bad."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: cannot be read as JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(d).__name__}")
-    return d
 
 
 def _parse_rope(d: Mapping[str, Any], max_pos: int) -> tuple[float, Optional[RopeScaling]]:

@@ -9,6 +9,12 @@ and the index agrees with the files. Then each tensor is copied straight into it
 (fused) model parameter and checked to be finite. Any problem raises CheckpointError naming the
 file and tensor; no partially loaded model is ever returned.
 
+Cheap checks come first: config.json's dimensions are bounded (model/limits.py), only regular
+files are opened (a FIFO named model.safetensors is refused, not waited on), and when the
+config implies many more tensors and parameters than the files hold (num_hidden_layers: 1000
+in a 2-layer checkpoint) the load stops with a one-line summary before the expected-tensor
+table is built.
+
 Tolerated and skipped: `lm_head.weight` of a tied-embedding checkpoint (as transformers does,
 the embedding is used; its shape is still checked) and `*.rotary_emb.inv_freq` buffers.
 """
@@ -25,8 +31,10 @@ from safetensors import SafetensorError, safe_open
 
 from pagedllm.model.config import ModelConfig, read_json
 from pagedllm.model.errors import CheckpointError
+from pagedllm.model.files import check_regular_file
 from pagedllm.model.llama import LlamaForCausalLM
-from pagedllm.model.weight_names import IGNORED_SUFFIXES, TensorSlot, expected_tensors
+from pagedllm.model.weight_names import (IGNORED_SUFFIXES, TensorSlot, expected_tensor_count,
+                                         expected_tensors)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -67,6 +75,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     config = ModelConfig.from_dir(path)
     files, index_map = _weight_files(path)
     found = _scan(files)
+    _check_size(path, config, found)
     slots = expected_tensors(config)
     _validate(path, config, slots, found, index_map)
 
@@ -86,7 +95,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
 def _weight_files(path: str) -> tuple[list[str], Optional[dict[str, str]]]:
     """The safetensors files to read, and the index's name -> file map (None without index)."""
     index_path = os.path.join(path, INDEX_FILE)
-    if os.path.exists(index_path):
+    if os.path.lexists(index_path):
         index = read_json(index_path)
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map or not all(
@@ -96,13 +105,15 @@ def _weight_files(path: str) -> tuple[list[str], Optional[dict[str, str]]]:
         files = []
         for fname in dict.fromkeys(weight_map.values()):
             full = os.path.join(path, fname)
-            if os.path.basename(fname) != fname or not os.path.isfile(full):
+            if os.path.basename(fname) != fname or not os.path.lexists(full):
                 raise CheckpointError(f"{index_path}: lists shard {fname!r}, which is not a file "
                                       f"in {path}")
+            check_regular_file(full)
             files.append(full)
         return files, {k: os.path.join(path, v) for k, v in weight_map.items()}
     single = os.path.join(path, SINGLE_FILE)
-    if os.path.isfile(single):
+    if os.path.lexists(single):
+        check_regular_file(single)
         return [single], None
     pickles = [f for f in sorted(os.listdir(path)) if f.endswith((".bin", ".pt", ".pth"))]
     hint = (f" (found {pickles[0]}: pickle checkpoints are refused, convert it to safetensors)"
@@ -129,6 +140,33 @@ def _scan(files: list[str]) -> dict[str, _TensorInfo]:
         except OSError as e:
             raise CheckpointError(f"{file}: cannot be read ({e})") from None
     return found
+
+
+def _check_size(path: str, config: ModelConfig, found: dict[str, _TensorInfo]) -> None:
+    """Refuses a config that implies far more than the files hold, before any table is built.
+
+    Only when the detailed listing of _validate would be mostly missing tensors (more than
+    _MAX_LISTED more expected than found) and the parameter count is larger too: one line
+    with both sizes says more than twelve 'missing tensor' lines.
+    """
+    expected_count = expected_tensor_count(config)
+    if expected_count <= len(found) + _MAX_LISTED:
+        return
+    held = sum(_numel(i.shape) for n, i in found.items() if not n.endswith(IGNORED_SUFFIXES))
+    expected = config.num_parameters()
+    if expected <= held:
+        return
+    raise CheckpointError(
+        f"{path}: config.json describes {expected_count} tensors with {expected} parameters, but "
+        f"the safetensors files hold {len(found)} tensors with {held} parameters; config: "
+        f"{_dims(config)}")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def _validate(path: str, config: ModelConfig, slots: dict[str, TensorSlot],

@@ -26,6 +26,12 @@ class TensorSlot:
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+def expected_tensor_count(config: ModelConfig) -> int:
+    """len(expected_tensors(config)), computed without building the table."""
+    per_layer = 2 + 4 * (1 + config.attention_bias) + 3 * (1 + config.mlp_bias)
+    return 2 + config.num_hidden_layers * per_layer + (0 if config.tie_word_embeddings else 1)
+
+
 def expected_tensors(config: ModelConfig) -> dict[str, TensorSlot]:
     """Every tensor a checkpoint of `config` must contain, in a stable order (embeddings, layers,
     final norm, lm_head), mapped to its slot. A tied lm_head is not listed."""

@@ -22,17 +22,21 @@ from pagedllm.engine.async_engine import AsyncLLMEngine
 from pagedllm.metrics import EngineMetrics
 from pagedllm.server.errors import install_error_handlers
 from pagedllm.server.ignored_fields import HEADER as IGNORED_HEADER
+from pagedllm.server.lifecycle import ServerLimits
 from pagedllm.server.limits import BodySizeLimitMiddleware
 from pagedllm.server.routes import make_routers
 from pagedllm.server.state import ServerSettings, ServerState, model_name_of
 
 
-def create_app(engine: Any, settings: Optional[ServerSettings] = None) -> FastAPI:
+def create_app(engine: Any, settings: Optional[ServerSettings] = None,
+               limits: Optional[ServerLimits] = None) -> FastAPI:
     """Builds the server around a synchronous engine.
 
     Args:
         engine: an LLMEngine (the app's engine thread becomes its only user).
         settings: HTTP options (default ServerSettings()).
+        limits: connection protections (default ServerLimits()); the app applies the body
+            timeout, the rest is lifecycle.PagedServer's.
     Returns:
         The ASGI app; ``app.state.server`` holds the ServerState (engine, metrics, ...).
     Raises:
@@ -61,7 +65,8 @@ def create_app(engine: Any, settings: Optional[ServerSettings] = None) -> FastAP
     v1, misc = make_routers(settings.api_key, settings.metrics_public)
     app.include_router(v1)
     app.include_router(misc)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_request_bytes,
+                       body_timeout=(limits or ServerLimits()).body_timeout)
     if settings.allowed_origins:  # outermost: preflights are answered before anything else
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
                            allow_methods=["GET", "POST", "OPTIONS"],
