@@ -108,7 +108,8 @@ class BeamSearchOutput:
 
 
 def beam_request_output(request_id: str, prompt: Optional[str], prompt_token_ids: List[int],
-                        beams: BeamSearchOutput, n: int) -> RequestOutput:
+                        beams: BeamSearchOutput, n: int,
+                        error: Optional[str] = None) -> RequestOutput:
     """A finished beam search as a RequestOutput: its `n` best beams as the completions.
 
     Args:
@@ -117,6 +118,7 @@ def beam_request_output(request_id: str, prompt: Optional[str], prompt_token_ids
         prompt_token_ids: the prompt's token ids (beams' tokens start with them).
         beams: the search's result, best first.
         n: completions to return.
+        error: why the engine failed the search (then there are no completions).
     Returns:
         A finished RequestOutput (cumulative_logprob set on each completion).
     """
@@ -125,4 +127,5 @@ def beam_request_output(request_id: str, prompt: Optional[str], prompt_token_ids
                              cumulative_logprob=b.cum_logprob, logprobs=None,
                              finish_reason=b.finish_reason)
             for i, b in enumerate(beams.sequences[:n])]
-    return RequestOutput(request_id, prompt, list(prompt_token_ids), None, outs, True)
+    return RequestOutput(request_id, prompt, list(prompt_token_ids), None, outs, True,
+                         error=error)

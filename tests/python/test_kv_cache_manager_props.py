@@ -110,6 +110,40 @@ class KVManagerMachine(RuleBasedStateMachine):
         if todo:
             self.do_append(sid, prompt[cached : cached + todo], must_fit=True)
 
+    @rule(data=st.data())
+    def admit(self, data):
+        # The engine's path: hashes once, one ask (query_admission), one do (admit); it must
+        # agree with the can_allocate / allocate / append path and with the model.
+        self.count()
+        prompt = self.new_prompt(data, 3 * self.bs + 2)
+        extra = data.draw(st.sampled_from([0, 0, 0, 9]))
+        max_cached = data.draw(st.sampled_from([0, len(prompt), self.bs]))
+        want = data.draw(st.integers(0, len(prompt)))
+        arr = np.array(prompt, dtype=np.int32)
+        hashes = self.m.block_hashes(arr, extra)
+        assert len(hashes) == len(prompt) // self.bs
+        given = hashes[: data.draw(st.integers(0, len(hashes)))]  # the rest hashed inside
+        cached, fit = self.m.query_admission(arr, given, extra, max_cached, want)
+        assert cached % self.bs == 0 and cached <= max(min(len(prompt) - 1, max_cached), 0)
+        if max_cached >= len(prompt):
+            assert cached == self.m.num_cached_tokens(prompt, extra)
+        assert 0 <= fit <= min(want, len(prompt) - cached)
+        if max_cached >= len(prompt) and 0 < fit == min(want, len(prompt) - cached):
+            assert self.m.can_allocate(prompt, extra, fit)  # the two asks agree
+        n = data.draw(st.integers(0, fit))
+        sid = self.next_id
+        self.next_id += 1
+        res = self.m.admit(sid, arr, given, extra, max_cached, n)
+        assert res is not None  # query_admission promised room
+        got_cached, slots, cow = res
+        assert got_cached == cached and len(slots) == n and len(cow) == 0
+        seq = ModelSeq(prompt[:cached], extra)
+        self.seqs[sid] = seq
+        for pos in range(cached):
+            assert self.phys.get(self.slot(sid, pos)) == self.content(ModelSeq(prompt, extra), pos)
+        seq.tokens.extend(prompt[cached:cached + n])
+        self.apply_writes([], [(sl, self.content(seq, cached + i)) for i, sl in enumerate(slots)])
+
     def do_append(self, sid, tokens, must_fit=False):
         seq = self.seqs[sid]
         need = self.m.blocks_needed(sid, len(tokens))

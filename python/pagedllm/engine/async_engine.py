@@ -298,9 +298,7 @@ class AsyncLLMEngine:
                 res = self.engine.beam_search_result(rid)
             except RuntimeError as e:  # the engine failed the request
                 del self._beams[rid]
-                out = beam_request_output(rid, prompt, ids, BeamSearchOutput([]), 0)
-                out.error = str(e)
-                done.append(out)
+                done.append(beam_request_output(rid, prompt, ids, BeamSearchOutput([]), 0, str(e)))
                 continue
             if res is not None:
                 del self._beams[rid]
