@@ -16,6 +16,12 @@ extend::
       max_num_batched_tokens: 2048
       max_model_len: null
       preemption_mode: recompute  # recompute | swap
+    persistence:                  # the persistent KV tier (see persistence_config.py)
+      enabled: false
+      storage_path: /nvme/cache
+      backend: file               # file | rocksdb
+      max_bytes: 0                # 0: no cap
+      hot_blocks_threshold: 0     # 0: write every full prompt block; N: once served N times
     runtime:
       device: auto                # auto | cpu | cuda | cuda:N
       dtype: auto                 # auto | float32 | bfloat16 | float16 (auto: fp32 CPU, bf16 GPU)
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from pagedllm.model.kv_cache import KV_CACHE_DTYPES
+from pagedllm.persistence_config import PersistenceConfig
 
 DEFAULT_KV_CACHE_MEMORY_BYTES = 2 << 30
 DEVICES = ("auto", "cpu", "cuda")
@@ -95,6 +102,8 @@ class EngineConfig:
             pool and back; falls back to recompute when the host pool is full).
         swap_space: GiB of host memory for swapped-out blocks (vLLM's name); used by
             preemption_mode="swap".
+        persistence: the persistent KV tier (a PersistenceConfig, or a mapping with its keys:
+            enabled, storage_path, backend, max_bytes, hot_blocks_threshold); None: off.
     """
 
     model: Optional[str] = None
@@ -117,6 +126,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     preemption_mode: str = "recompute"
     swap_space: float = 4.0
+    persistence: Optional[PersistenceConfig] = None
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> ValueError:
@@ -162,6 +172,7 @@ class EngineConfig:
             raise bad("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise bad("preemption_mode", "one of " + ", ".join(PREEMPTION_MODES))
+        self.persistence = PersistenceConfig.from_value(self.persistence)
         if (isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float))
                 or not 0.0 <= self.swap_space <= 1024.0 or self.swap_space != self.swap_space):
             raise bad("swap_space", "a number of GiB in [0, 1024]")
@@ -176,7 +187,8 @@ class EngineConfig:
         """Builds a config from the YAML layout (sections), then applies `overrides`.
 
         Args:
-            data: mapping with optional keys "model", "kv_cache", "scheduler", "runtime".
+            data: mapping with optional keys "model", "kv_cache", "scheduler", "runtime",
+                "persistence".
             **overrides: field values that win over the mapping (None values are ignored).
         Returns:
             The validated config.
@@ -187,6 +199,8 @@ class EngineConfig:
         for key, value in (data or {}).items():
             if key == "model":
                 fields["model"] = value
+            elif key == "persistence":
+                fields["persistence"] = PersistenceConfig.from_value(value)
             elif key in _YAML_SECTIONS:
                 if not isinstance(value, dict):
                     raise ValueError(f"config section '{key}' must be a mapping, got {value!r}")
@@ -196,7 +210,7 @@ class EngineConfig:
                         raise ValueError(f"unknown key '{key}.{sub}' in config (known: {known})")
                     fields[_YAML_SECTIONS[key][sub]] = sub_value
             else:
-                known = ", ".join(["model", *sorted(_YAML_SECTIONS)])
+                known = ", ".join(["model", "persistence", *sorted(_YAML_SECTIONS)])
                 raise ValueError(f"unknown config section '{key}' (known: {known})")
         fields.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**fields)

@@ -79,7 +79,7 @@ def test_config_file_with_flags_winning(tmp_path):
 
 @pytest.mark.parametrize("yaml_text,match", [
     ("kv_cache:\n  bogus: 1\n", "unknown key 'kv_cache.bogus'"),
-    ("persistence: {}\n", "unknown config section 'persistence'"),
+    ("quantization: {}\n", "unknown config section 'quantization'"),
     ("kv_cache:\n  block_size: 1000\n", "block_size must be"),
     ("kv_cache: [1, 2\n", "not valid YAML"),
     ("- a\n- b\n", "top level must be a mapping"),

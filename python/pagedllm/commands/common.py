@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from typing import Any, Dict, Optional
 
@@ -80,8 +81,14 @@ _ENGINE_FLAGS: Dict[str, str] = {
     "gpu_memory_utilization": "gpu_memory_utilization", "preemption_mode": "preemption_mode",
     "swap_space": "swap_space",
 }
+# flag dest -> persistence key
+_PERSISTENCE_FLAGS: Dict[str, str] = {
+    "persistence_path": "storage_path", "persistence_backend": "backend",
+    "persistence_max_bytes": "max_bytes", "hot_blocks_threshold": "hot_blocks_threshold"}
 # EngineConfig field -> the flag that sets it (for hints in error messages)
 FLAG_OF_FIELD = {field: "--" + dest.replace("_", "-") for dest, field in _ENGINE_FLAGS.items()}
+FLAG_OF_FIELD.update({f"persistence.{key}": "--" + dest.replace("_", "-")
+                      for dest, key in _PERSISTENCE_FLAGS.items()})
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -123,6 +130,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "blocks to host memory (recompute)")
     g.add_argument("--swap-space", type=float, metavar="GIB",
                    help="GiB of host memory for swapped-out KV blocks (4)")
+    p = parser.add_argument_group("persistent KV tier (YAML section persistence:)")
+    p.add_argument("--persistence-path", metavar="DIR",
+                   help="keep full prompt blocks in a store under DIR that survives restarts "
+                        "(turns the tier on)")
+    p.add_argument("--persistence-backend", choices=("file", "rocksdb"),
+                   help="the store's backend (file)")
+    p.add_argument("--persistence-max-bytes", type=parse_size, metavar="SIZE",
+                   help="the store's size cap, least recently used records go first (none)")
+    p.add_argument("--hot-blocks-threshold", type=int, metavar="N",
+                   help="write a block once served N times from memory; 0: every full prompt "
+                        "block when computed (0)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -133,10 +151,19 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     """
     overrides: Dict[str, Any] = {field: getattr(args, dest, None)
                                  for dest, field in _ENGINE_FLAGS.items()}
+    persistence = {key: getattr(args, dest, None) for dest, key in _PERSISTENCE_FLAGS.items()}
+    persistence = {k: v for k, v in persistence.items() if v is not None}
     try:
         if args.config:
-            return EngineConfig.from_yaml(args.config, **overrides)
-        return EngineConfig(**{k: v for k, v in overrides.items() if v is not None})
+            cfg = EngineConfig.from_yaml(args.config, **overrides)
+        else:
+            cfg = EngineConfig(**{k: v for k, v in overrides.items() if v is not None})
+        if persistence:
+            base = dataclasses.asdict(cfg.persistence) if cfg.persistence else {}
+            if "storage_path" in persistence:
+                base["enabled"] = True
+            cfg = cfg.replace(persistence={**base, **persistence})
+        return cfg
     except FileNotFoundError:
         raise UsageError(f"config file {args.config!r} not found (check the --config path)") from None
     except OSError as e:

@@ -28,6 +28,10 @@ class Executor(abc.ABC):
         """Runs one step (transfer plan, forward) and returns its logits on the host."""
 
     @abc.abstractmethod
+    def set_kv_tier(self, tier) -> None:
+        """Gives the workers the persistent tier's load/store functions (plan loads/stores)."""
+
+    @abc.abstractmethod
     def shutdown(self) -> None:
         """Releases the workers (pending transfers finish first)."""
 
@@ -52,6 +56,10 @@ class UniProcExecutor(Executor):
 
     def execute_model(self, out: SchedulerOutput) -> ModelOutput:
         return self.worker.execute_model(out)
+
+    def set_kv_tier(self, tier) -> None:
+        self.worker.transfer.source = tier.load_into
+        self.worker.transfer.sink = tier.store_block
 
     def shutdown(self) -> None:
         self.worker.shutdown()

@@ -18,6 +18,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence as Seq, Union
 
 import torch
@@ -83,6 +84,16 @@ class LLMEngine:
 
         layout = self.executor.layout
         self.plan = layout.plan
+        self.tier = None
+        if config.persistence is not None and config.persistence.enabled:
+            from pagedllm.engine.kv_tier import open_tier
+
+            self.tier = open_tier(config.persistence, self.model_path,
+                                  [self.executor.device_description.split(", ")[-1],
+                                   f"kv:{config.kv_cache_dtype}:{config.k_scale}:{config.v_scale}",
+                                   f"block_size:{config.block_size}"],
+                                  config.block_size, self.plan.bytes_per_block)
+            self.executor.set_kv_tier(self.tier)
         self.max_model_len = self.plan.max_model_len
         self.kv_manager = _core.KVCacheManager(self.plan.num_blocks, config.block_size,
                                                config.enable_prefix_caching,
@@ -90,7 +101,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, self.eos_token_ids,
                                    self.max_model_len, self.tokenizer, config.preemption_mode,
-                                   layout.num_host_blocks)
+                                   layout.num_host_blocks, self.tier)
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed)
         self._ids = itertools.count()
         # Counters for metrics (cumulative since start).
@@ -120,8 +131,11 @@ class LLMEngine:
         return self.scheduler.num_generation_tokens
 
     def shutdown(self) -> None:
-        """Stops the executor's workers (pending KV transfers finish first)."""
+        """Stops the executor's workers (pending KV transfers finish first) and closes the
+        persistent tier (queued writes reach the disk first)."""
         self.executor.shutdown()
+        if self.tier is not None:
+            self.tier.close()
 
     def generation_defaults(self) -> dict:
         """Sampling defaults from the checkpoint's generation_config.json (vLLM's behaviour):
@@ -272,6 +286,8 @@ class LLMEngine:
         """
         out = self.scheduler.schedule()
         if out.is_empty:
+            if self.tier is not None and self.scheduler.has_work:
+                time.sleep(0.0005)  # waiting only for disk reads: do not spin
             return self.scheduler.take_failed_outputs()
         if self.on_step is not None:
             self.on_step(self.kv_manager.stats())
@@ -347,6 +363,8 @@ class LLMEngine:
             s["host_free_blocks"] = self.scheduler.host.num_free
         s["num_failed_steps"] = self.num_failed_steps
         s["device"] = self.executor.device_description
+        if self.tier is not None:
+            s.update(self.tier.stats())
         s["kv_cache_dtype"] = self.config.kv_cache_dtype
         s["bytes_per_block"] = self.plan.bytes_per_block
         s["kv_cache_bytes"] = self.plan.bytes_per_block * self.plan.num_blocks

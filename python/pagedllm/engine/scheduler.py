@@ -136,6 +136,8 @@ class _Step:
     cow: List[np.ndarray] = field(default_factory=list)
     swap_out: List[Tuple[int, int]] = field(default_factory=list)
     swap_in: List[Tuple[int, int]] = field(default_factory=list)
+    loads: List[Tuple[bytes, int]] = field(default_factory=list)
+    stores: List[Tuple[int, bytes]] = field(default_factory=list)
     preempted: List[Sequence] = field(default_factory=list)
 
     def add(self, seq: Sequence, start: int, n: int, slots: np.ndarray, cow: np.ndarray) -> None:
@@ -158,11 +160,13 @@ class Scheduler:
         preemption_mode: "recompute" or "swap" (to `num_host_blocks` host blocks; a victim
             that does not fit there is recomputed).
         num_host_blocks: size of the host swap pool in blocks (0: no swapping).
+        tier: the persistent KV tier (engine/kv_tier.py), or None.
     """
 
     def __init__(self, kv: _core.KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  eos_token_ids: Iterable[int] = (), max_model_len: int = 1 << 30,
-                 tokenizer=None, preemption_mode: str = "recompute", num_host_blocks: int = 0):
+                 tokenizer=None, preemption_mode: str = "recompute", num_host_blocks: int = 0,
+                 tier=None):
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
                              f"got {preemption_mode!r}")
@@ -174,6 +178,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.preemption_mode = preemption_mode
         self.host = _core.BlockAllocator(num_host_blocks) if num_host_blocks > 0 else None
+        self.tier = tier
         self.processor = OutputProcessor(StopChecker(self.eos_token_ids, max_model_len, tokenizer),
                                          tokenizer)
         self.requests: Dict[str, Request] = {}
@@ -282,6 +287,8 @@ class Scheduler:
         if reason not in ("abort", "error"):
             self.processor.stop.finish_text(seq)
         self._release(seq)
+        if self.tier is not None and seq.index == 0:
+            self.tier.release(seq.request.request_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         req = seq.request
@@ -414,7 +421,7 @@ class Scheduler:
             budget -= n_new
         return budget
 
-    def _next_waiting(self, start: int) -> int:
+    def _next_waiting(self, start: int, skip: set = frozenset()) -> int:
         """Index of the next sequence to admit at or after `start`: arrival order, except that
         among grouped requests the group with the fewest running sequences goes first."""
         if not any(s.request.group is not None for s in self.waiting[start:start + 1]):
@@ -427,7 +434,7 @@ class Scheduler:
         seen = set()
         for i in range(start, len(self.waiting)):
             g = self.waiting[i].request.group
-            if g is None or g in seen or self.waiting[i].is_idle:
+            if g is None or g in seen or self.waiting[i].is_idle or self.waiting[i].seq_id in skip:
                 continue
             seen.add(g)  # the earliest waiting sequence of each group
             key = running.get(g, 0)
@@ -436,34 +443,123 @@ class Scheduler:
         return best
 
     def _schedule_waiting(self, budget: int, step: _Step) -> None:
+        bs = self.block_size
+        skip: set = set()  # sequences waiting for their disk blocks to be read
         i = 0
         while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
-            if self.waiting[i].is_idle:
+            if self.waiting[i].is_idle or self.waiting[i].seq_id in skip:
                 i += 1
                 continue
-            i = self._next_waiting(i)
+            i = self._next_waiting(i, skip)
             seq = self.waiting[i]
             req = seq.request
             tokens = np.asarray(seq.token_ids, dtype=np.int32)
             hashes = self._hashes(req)
             # Prompt logprobs need logits at every prompt position: no prefix hits for those.
             max_cached = 0 if req.prompt_logprobs is not None else seq.num_tokens
+            disk_room = seq.num_prompt_tokens if self.tier is not None else 0
             cached, fit = self.kv.query_admission(tokens, hashes, req.extra_key, max_cached,
-                                                  budget)
-            n = min(seq.num_tokens - cached, budget)
-            if fit < n:
+                                                  budget + disk_room)
+            keys: List[bytes] = []
+            if self.tier is not None and max_cached > 0:
+                got = self._disk_keys(seq, cached)
+                if got is None:  # its blocks are being read: admit others meanwhile
+                    skip.add(seq.seq_id)
+                    i = 0
+                    continue
+                keys = got
+            nd = len(keys) * bs
+            n = min(seq.num_tokens - cached - nd, budget)
+            if fit < nd + n:
                 # With nothing running, admit a smaller first chunk rather than stall forever.
-                if self.running or fit < min(n, self.block_size):
+                if self.running or fit < nd + min(n, bs):
                     break
-                n = fit
-            res = self.kv.admit(seq.seq_id, tokens, hashes, req.extra_key, max_cached, n)
+                n = fit - nd
+            res = self.kv.admit(seq.seq_id, tokens, hashes, req.extra_key, max_cached, nd + n)
             assert res is not None and res[0] == cached, "query_admission promised room"
             self.waiting.pop(i)
-            seq.num_computed_tokens = cached
-            step.add(seq, cached, n, res[1], res[2])
+            if keys:
+                self.tier.plan_loads(req.request_id, keys)
+                table = self.kv.block_table(seq.seq_id)
+                step.loads.extend((k, int(table[cached // bs + j])) for j, k in enumerate(keys))
+            elif self.tier is not None:
+                self.tier.release(req.request_id)
+            if self.tier is not None and cached and self.tier.hot_blocks_threshold > 0:
+                self._store_hot(seq, cached, step)
+            seq.num_computed_tokens = cached + nd
+            step.add(seq, cached + nd, n, res[1][nd:], res[2])
             budget -= n
             self._run(seq)
             i = 0  # the next pick starts over (idle sequences stay skipped)
+
+    # --- the persistent tier ------------------------------------------------------------------
+    def _persistent_keys(self, req: Request) -> list:
+        if req.persistent_keys is None:
+            from pagedllm.engine.kv_tier import prompt_keys
+
+            req.persistent_keys = prompt_keys(req.prompt_token_ids, self.block_size,
+                                              req.extra_key)
+        return req.persistent_keys
+
+    def _disk_keys(self, seq: Sequence, cached: int) -> Optional[List[bytes]]:
+        """The disk blocks to load after a memory prefix of `cached` tokens: their keys, in
+        order ([] when none), or None while they are being read."""
+        req, bs, tier = seq.request, self.block_size, self.tier
+        rid = req.request_id
+        keys = self._persistent_keys(req)
+        first = cached // bs
+        limit = min(len(keys), (seq.num_prompt_tokens - 1) // bs)  # the last token is computed
+        if first >= limit:
+            tier.release(rid)
+            return []
+        staged = tier.staged(rid)
+        if staged is not None:
+            p0 = req.disk_first
+            if not staged or not p0 <= first < p0 + len(staged):
+                tier.release(rid)  # nothing verified, or memory moved past it
+                return []
+            return staged[first - p0:]
+        if tier.pending(rid):
+            return None
+        tier.disk_lookup_tokens += (limit - first) * bs
+        n = tier.lookup(keys, first, limit)
+        if n == 0:
+            return []
+        blocks = [np.asarray(req.prompt_token_ids[j * bs:(j + 1) * bs], dtype=np.int32)
+                  for j in range(first, first + n)]
+        if tier.prefetch(rid, keys[first:first + n], blocks):
+            req.disk_first = first
+            return None
+        return []
+
+    def _store_hot(self, seq: Sequence, cached: int, step: _Step) -> None:
+        """hot_blocks_threshold N: prompt blocks served from memory for the N-th time are
+        written (after this step's forward)."""
+        keys = self._persistent_keys(seq.request)
+        table = self.kv.block_table(seq.seq_id)
+        bs = self.block_size
+        for j in range(min(cached // bs, len(keys))):
+            if self.tier.note_served(keys[j]):
+                toks = seq.request.prompt_token_ids[j * bs:(j + 1) * bs]
+                if self.tier.plan_store(keys[j], toks):
+                    step.stores.append((int(table[j]), keys[j]))
+
+    def _plan_stores(self, entries: List[ScheduledSeq], tables: np.ndarray,
+                     step: _Step) -> None:
+        """hot_blocks_threshold 0: the full prompt blocks this step computes are written."""
+        bs = self.block_size
+        for i, e in enumerate(entries):
+            seq = e.seq
+            end = min(e.context_len, seq.num_prompt_tokens)
+            if e.start >= end:
+                continue
+            keys = self._persistent_keys(seq.request)
+            for j in range(e.start // bs, min(end // bs, len(keys))):
+                if (j + 1) * bs <= e.start:
+                    continue
+                toks = seq.request.prompt_token_ids[j * bs:(j + 1) * bs]
+                if self.tier.plan_store(keys[j], toks):
+                    step.stores.append((int(tables[i, j]), keys[j]))
 
     def _unblock(self, step: _Step) -> None:
         """Nothing was scheduled although work remains: readmit what was just preempted, then
@@ -481,6 +577,9 @@ class Scheduler:
                 continue
             if self.running:
                 return  # running sequences hold the pool and will make progress
+            if self.tier is not None and any(self.tier.pending(s.request.request_id)
+                                             for s in self.waiting):
+                return  # a prefetch from disk is running: it will be admitted when it lands
             head = next((s for s in self.swapped + self.waiting if not s.is_idle), None)
             if head is None:
                 return
@@ -547,17 +646,20 @@ class Scheduler:
                 targets.append(SampleTarget(row, seq, req.params))
 
         seq_ids = np.fromiter((e.seq.seq_id for e in entries), dtype=np.int64, count=num_seqs)
+        tables = self.kv.block_tables(seq_ids) if entries else np.zeros((0, 0), np.int32)
+        if self.tier is not None and self.tier.hot_blocks_threshold == 0 and entries:
+            self._plan_stores(entries, tables, step)
         transfer = KVTransferPlan(
             swap_out=as_pairs(step.swap_out), swap_in=as_pairs(step.swap_in),
-            copies=(np.concatenate(step.cow).astype(np.int64) if step.cow else as_pairs([])))
+            copies=(np.concatenate(step.cow).astype(np.int64) if step.cow else as_pairs([])),
+            loads=step.loads, stores=step.stores)
         return SchedulerOutput(
             scheduled=entries,
             num_decode_seqs=num_decode,
             input_ids=input_ids,
             positions=positions,
             slot_mapping=np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64),
-            block_tables=(self.kv.block_tables(seq_ids) if entries
-                          else np.zeros((0, 0), np.int32)),
+            block_tables=tables,
             context_lens=(starts + q_lens).astype(np.int32),
             cu_seqlens_q=cu,
             logits_indices=np.asarray(sample_rows, dtype=np.int64),

@@ -136,6 +136,8 @@ class Request:
         self.prompt_token_mask: Any = None  # [vocab] bool, made once by the sampler if needed
         self.prompt_logprobs: Optional[list] = [None] if params.prompt_logprobs is not None else None
         self.block_hashes: Any = None  # uint64 [full prompt blocks], made once at admission
+        self.persistent_keys: Optional[list] = None  # disk-tier keys of full prompt blocks
+        self.disk_first = 0  # first block of the running disk prefetch
         self.error: Optional[str] = None  # why the engine failed this request, if it did
         self.seqs: List[Sequence] = [Sequence(self, 0, prompt_token_ids, self.make_generator(0))]
 

@@ -1,0 +1,329 @@
+"""PersistentTier: the disk tier of the KV cache, between the scheduler and the C++ BlockStore.
+
+A full prompt block is identified across restarts by a 128-bit chained content key
+(`_core.block_key(parent key, its token ids, extra key)`) and stored with a fingerprint of
+everything that shapes its bytes (model config and weights' headers, model dtype, KV dtype and
+scales, block size, pool layout), so another model, dtype or layout can never read it; the store
+compares the fingerprint, the block size and the token ids on every load and verifies the
+checksum (a mismatch is a miss, and the record is removed).
+
+Reads never stall a step: when the scheduler finds that a waiting prompt's next blocks are on
+disk (`lookup`), it asks for them (`prefetch`) and admits the prompt once a reader thread has
+verified them into host buffers (`staged`); the worker then copies the staged bytes into the
+blocks it was given (`load_into`, the transfer plan's loads, before the forward). Writes never
+stall a step either: the worker copies a freshly computed block into a buffer (`store_block`,
+the plan's stores, after the forward) and a writer thread puts it to disk; past the queue's
+bound a write is dropped and counted. A store that fails (disk full, read-only, gone) is
+logged once and the engine keeps serving from memory.
+
+Thread-safety: the scheduler thread and the worker's transfer thread call it; the reader and
+writer threads are its own. Shared state is guarded by one lock.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import hashlib
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from pagedllm import _core
+
+logger = logging.getLogger("pagedllm")
+
+LAYOUT = "pagedllm-block-major-v1:[layers,2,kv_heads,block_size,head_dim]"
+
+
+def model_fingerprint(model_path: str, parts: Sequence[str]) -> str:
+    """A digest of what shapes a block's bytes: config.json, every safetensors header (names,
+    shapes, dtypes, offsets) with its file's size, plus `parts` (dtypes, scales, block size,
+    layout).
+
+    Args:
+        model_path: the checkpoint directory.
+        parts: further strings that must match for a block to be reusable.
+    Returns:
+        A hex digest (sha256).
+    """
+    h = hashlib.sha256()
+    with open(os.path.join(model_path, "config.json"), "rb") as f:
+        h.update(f.read())
+    for name in sorted(os.listdir(model_path)):
+        if not name.endswith(".safetensors"):
+            continue
+        path = os.path.join(model_path, name)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else 0
+            h.update(name.encode() + head + f.read(min(n, 1 << 26)))
+        h.update(str(os.path.getsize(path)).encode())
+    for p in parts:
+        h.update(b"\0" + p.encode())
+    return h.hexdigest()
+
+
+def prompt_keys(tokens: Sequence[int], block_size: int, extra_key: int) -> List[bytes]:
+    """The chained persistent keys of the full blocks of `tokens` (block i: tokens[i*bs:(i+1)*bs])."""
+    keys: List[bytes] = []
+    parent = _core.ROOT_BLOCK_KEY
+    arr = np.asarray(tokens, dtype=np.int32)
+    for i in range(len(tokens) // block_size):
+        parent = _core.block_key(parent, arr[i * block_size:(i + 1) * block_size], extra_key)
+        keys.append(parent)
+    return keys
+
+
+class _Prefetch:
+    """One request's staged blocks: keys in order, host buffers as they verify."""
+
+    def __init__(self, keys: List[bytes], tokens: List[np.ndarray]):
+        self.keys = keys
+        self.tokens = tokens
+        self.buffers: List[np.ndarray] = []
+        self.done = False
+        self.started = time.monotonic()
+
+
+class PersistentTier:
+    """The engine's view of the persistent block store.
+
+    Args:
+        store: an open `_core.BlockStore`.
+        fingerprint: model_fingerprint(...) of this engine.
+        block_size: tokens per block.
+        bytes_per_block: the payload of one block (every layer's keys and values).
+        hot_blocks_threshold: 0 = write every full prompt block when computed; N = write a
+            block once the prefix cache has served it N times.
+        max_queued_writes: writes waiting past this are dropped (counted).
+        max_staged_blocks: host buffers held for prefetched blocks at most.
+    """
+
+    def __init__(self, store, fingerprint: str, block_size: int, bytes_per_block: int,
+                 hot_blocks_threshold: int = 0, max_queued_writes: int = 256,
+                 max_staged_blocks: int = 1024):
+        self.store = store
+        self.fingerprint = fingerprint
+        self.block_size = block_size
+        self.bytes_per_block = bytes_per_block
+        self.hot_blocks_threshold = hot_blocks_threshold
+        self.max_staged_blocks = max_staged_blocks
+        self._lock = threading.Lock()
+        self._prefetches: Dict[str, _Prefetch] = {}
+        self._staged = 0
+        self._meta: Dict[bytes, np.ndarray] = {}       # key -> tokens of a planned store
+        self._loads: Dict[bytes, np.ndarray] = {}      # key -> staged bytes of a planned load
+        self._served: collections.Counter = collections.Counter()
+        self._writes: "queue.Queue" = queue.Queue(maxsize=max_queued_writes)
+        self._reads: "queue.Queue" = queue.Queue()
+        self._failed_once = False
+        self.disk_hit_tokens = 0
+        self.disk_lookup_tokens = 0
+        self.dropped_writes = 0
+        self.failed_writes = 0
+        self.load_seconds = 0.0
+        self.loaded_blocks = 0
+        self._stop = False
+        self._writer = threading.Thread(target=self._write_loop, name="pagedllm-kv-writer",
+                                        daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name="pagedllm-kv-reader",
+                                        daemon=True)
+        self._writer.start()
+        self._reader.start()
+        atexit.register(self.close)  # queued writes reach the disk before the process ends
+
+    # --- the scheduler's side -----------------------------------------------------------------
+    def lookup(self, keys: Sequence[bytes], first: int, limit: int) -> int:
+        """How many of keys[first:limit] are on disk, in a row from `first` (index lookups)."""
+        n = 0
+        for k in keys[first:limit]:
+            if not self.store.contains(k):
+                break
+            n += 1
+        return n
+
+    def prefetch(self, request_id: str, keys: List[bytes], tokens: List[np.ndarray]) -> bool:
+        """Starts reading blocks into host buffers for a request (False: no room staged)."""
+        with self._lock:
+            if request_id in self._prefetches:
+                return True
+            if self._staged + len(keys) > self.max_staged_blocks:
+                return False
+            self._staged += len(keys)
+            p = _Prefetch(list(keys), list(tokens))
+            self._prefetches[request_id] = p
+        self._reads.put((request_id, p))
+        return True
+
+    def staged(self, request_id: str) -> Optional[List[bytes]]:
+        """The keys of a finished prefetch whose blocks verified, in order (possibly none);
+        None while it runs or when none was asked for."""
+        with self._lock:
+            p = self._prefetches.get(request_id)
+            if p is None or not p.done:
+                return None
+            return p.keys[:len(p.buffers)]
+
+    def pending(self, request_id: str) -> bool:
+        """True while a prefetch for the request is running."""
+        with self._lock:
+            p = self._prefetches.get(request_id)
+            return p is not None and not p.done
+
+    def plan_loads(self, request_id: str, keys: List[bytes]) -> None:
+        """Moves a finished prefetch's buffers for `keys` to the loads the worker will run."""
+        with self._lock:
+            p = self._prefetches.pop(request_id, None)
+            if p is None:
+                return
+            self._staged -= len(p.keys)
+            by_key = dict(zip(p.keys, p.buffers))
+            for k in keys:
+                self._loads[k] = by_key[k]
+        self.disk_hit_tokens += len(keys) * self.block_size
+
+    def release(self, request_id: str) -> None:
+        """Forgets a request's prefetch (aborted, or admitted without it)."""
+        with self._lock:
+            p = self._prefetches.pop(request_id, None)
+            if p is not None:
+                self._staged -= len(p.keys)
+
+    def note_served(self, key: bytes) -> bool:
+        """Counts one more request served `key` from memory; True when it turns hot (to be
+        written now, with hot_blocks_threshold N >= 1)."""
+        if self.hot_blocks_threshold <= 0:
+            return False
+        self._served[key] += 1
+        return self._served[key] == self.hot_blocks_threshold and not self.store.contains(key)
+
+    def plan_store(self, key: bytes, tokens: np.ndarray) -> bool:
+        """Registers a block to write after the forward; False when it is on disk already."""
+        if self.store.contains(key):
+            return False
+        with self._lock:
+            self._meta[key] = np.asarray(tokens, dtype=np.int32)
+        return True
+
+    # --- the worker's side (the transfer plan's source and sink) -----------------------------
+    def load_into(self, key: bytes, block: torch.Tensor) -> None:
+        """Copies a staged block into a device block view (a transfer plan load)."""
+        with self._lock:
+            buf = self._loads.pop(key)
+        src = torch.from_numpy(buf)
+        dst = block.view(-1).view(torch.uint8) if block.dtype != torch.uint8 else block.view(-1)
+        dst.copy_(src, non_blocking=False)
+
+    def store_block(self, block: torch.Tensor, key: bytes) -> None:
+        """Queues a copy of a freshly computed block for writing (a transfer plan store)."""
+        with self._lock:
+            tokens = self._meta.pop(key, None)
+        if tokens is None:
+            return
+        data = block.reshape(-1).view(torch.uint8).cpu().numpy().copy()
+        try:
+            self._writes.put_nowait((key, tokens, data))
+        except queue.Full:
+            self.dropped_writes += 1
+
+    # --- threads ------------------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        while True:
+            item = self._reads.get()
+            if item is None:
+                return
+            rid, p = item
+            t0 = time.perf_counter()
+            for key, toks in zip(p.keys, p.tokens):
+                buf = np.empty(self.bytes_per_block, dtype=np.uint8)
+                try:
+                    ok = self.store.get_into(key, self.fingerprint, self.block_size, toks, buf)
+                except Exception as e:  # noqa: BLE001 - a broken store is a miss
+                    self._warn_once(f"reading the persistent KV store failed: {e}")
+                    ok = False
+                if not ok:
+                    break
+                p.buffers.append(buf)
+            with self._lock:
+                self.load_seconds += time.perf_counter() - t0
+                self.loaded_blocks += len(p.buffers)
+                p.done = True
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._writes.get()
+            if item is None:
+                return
+            key, tokens, data = item
+            try:
+                ok = self.store.put(key, self.fingerprint, self.block_size, tokens, data)
+            except Exception as e:  # noqa: BLE001
+                ok = False
+                self._warn_once(f"writing the persistent KV store failed: {e}")
+            if not ok:
+                self.failed_writes += 1
+                self._warn_once("a write to the persistent KV store failed (disk full, "
+                                "read-only or removed?); serving from memory")
+            self._writes.task_done()
+
+    def _warn_once(self, message: str) -> None:
+        if not self._failed_once:
+            self._failed_once = True
+            logger.warning(message)
+
+    # --- lifecycle and figures ----------------------------------------------------------------
+    def flush(self, timeout: float = 30.0) -> None:
+        """Waits until queued writes are on disk (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while self._writes.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        """Writes what is queued, stops the threads and closes the store."""
+        if self._stop:
+            return
+        self._stop = True
+        self.flush()
+        self._writes.put(None)
+        self._reads.put(None)
+        self._writer.join(5)
+        self._reader.join(5)
+        self.store.close()
+
+    def stats(self) -> dict:
+        """Disk-tier figures for kv_cache_stats()."""
+        s = {f"disk_{k}": v for k, v in self.store.stats().items()}
+        s.update(disk_hit_tokens=self.disk_hit_tokens,
+                 disk_lookup_tokens=self.disk_lookup_tokens,
+                 disk_write_queue=self._writes.qsize(),
+                 disk_dropped_writes=self.dropped_writes,
+                 disk_failed_writes=self.failed_writes,
+                 disk_load_ms_per_block=(1e3 * self.load_seconds / self.loaded_blocks
+                                         if self.loaded_blocks else 0.0))
+        return s
+
+
+def open_tier(cfg, model_path: str, fingerprint_parts: Sequence[str], block_size: int,
+              bytes_per_block: int) -> PersistentTier:
+    """Opens the store a PersistenceConfig names and wraps it.
+
+    Raises:
+        ValueError: the store cannot be opened (path, permissions, lock held, backend missing);
+            the message names storage_path and the cause.
+    """
+    try:
+        store = _core.BlockStore(cfg.storage_path, cfg.backend, cfg.max_bytes)
+    except Exception as e:  # noqa: BLE001 - pagedllm.Error kinds map to several types
+        raise ValueError(f"persistence.storage_path {cfg.storage_path!r}: cannot open the "
+                         f"{cfg.backend} block store: {e}") from None
+    fp = model_fingerprint(model_path, [LAYOUT, *fingerprint_parts])
+    return PersistentTier(store, fp, block_size, bytes_per_block, cfg.hot_blocks_threshold)
+
+
