@@ -82,6 +82,7 @@ constexpr float kE4M3ReadMul = 1.0f;  // exact table decode
 // The width engine_impl.h is written over, and its 8-element forms (the full ones here: a
 // head_dim tail never occurs with 8 lanes).
 constexpr int kW = 8;
+constexpr int kAcc = 8;  // of 16 vector registers
 using V = V8;
 inline V vload8(const float* p) { return vload(p); }
 inline void vstore8(float* p, V v) { vstore(p, v); }

@@ -8,7 +8,8 @@
 //   vzero() vset1(f) vload(const float*) vstore(float*, V) vfmadd(a, b, c) = a * b + c
 //   vadd(a, b) vmul(a, b) vmax(a, b) vexp(V) (exp(-inf) = 0) vhmax(V) vhsum(V)
 //   vload8(const float*) -> 8 floats in the low lanes, 0 above; vstore8(float*, V): low 8 lanes
-//   vsum_tile(const V a[8], float out[8]) -> out[i] = sum of the lanes of a[i]
+//   kAcc: accumulators per register tile (8 with 16 registers, 16 with 32)
+//   vsum_tile(const V a[kAcc], float out[kAcc]) -> out[i] = sum of the lanes of a[i]
 //   vload_cache<CacheType>(const uint8_t*) -> kW cache elements as floats
 //   vload_cache2<CacheType>(const uint8_t*, V* lo, V* hi) -> 2 kW of them
 //   vload_cache8<CacheType>(const uint8_t*) -> 8 of them in the low lanes, 0 above
@@ -23,9 +24,9 @@
 // Loop structure of one task: the token range is cut into chunks of up to kChunk tokens (from
 // any number of blocks: their row addresses are gathered first, so block_size does not shape
 // the loops); for each chunk, the query rows are taken in register tiles of up to 8 rows:
-//   scores  s[r][t] = q_r . k_t        (R rows x TT tokens = 8 accumulators, one reduction)
+//   scores  s[r][t] = q_r . k_t        (R rows x TT tokens <= kAcc accumulators, one reduction)
 //   softmax m' = max(m, max_t s), p = exp(s - m'), l = l * exp(m - m') + sum p, acc *= ...
-//   values  acc_r += sum_t p[r][t] v_t (<= 4 rows x CC column vectors = 8 accumulators)
+//   values  acc_r += sum_t p[r][t] v_t (<= 4 rows x CC column vectors <= kAcc accumulators)
 // All tiles of a chunk reuse the chunk's K/V rows from L1/L2, so K/V are read from memory once
 // per task whatever the number of query rows (the GQA group, and in prefill its tokens).
 // The next chunk's rows are prefetched a slice at a time while the current one computes
@@ -35,7 +36,7 @@ namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS {
 namespace {
 
 constexpr int kChunk = 128;  // most tokens per chunk (array sizes)
-constexpr int kTile = 8;     // accumulators per register tile
+constexpr int kTile = 8;     // query rows per register tile
 constexpr float kNegInf = -__builtin_inff();
 
 inline int imin(int a, int b) { return a < b ? a : b; }
@@ -75,7 +76,7 @@ inline void prefetch_range(const uint8_t* row, int b0, int b1) {
 template <CacheType CT, int R>
 void tile_scores(const float* q, int hd, const Chunk& c, int n, const Chunk* next,
                  float (*s)[kChunk]) {
-  constexpr int TT = kTile / R;  // tokens per pass
+  constexpr int TT = kAcc / R;  // tokens per pass
   constexpr int es = cache_elem_size<CT>();
   for (int t0 = 0; t0 < n; t0 += TT) {
     const uint8_t* kp[TT];
@@ -83,8 +84,8 @@ void tile_scores(const float* q, int hd, const Chunk& c, int n, const Chunk* nex
     if (next != nullptr) {
       for (int j = 0; j < TT && t0 + j < next->n; ++j) prefetch_range(next->k[t0 + j], 0, hd * es);
     }
-    V acc[kTile];
-    for (int i = 0; i < kTile; ++i) acc[i] = vzero();
+    V acc[kAcc];
+    for (int i = 0; i < kAcc; ++i) acc[i] = vzero();
     int d = 0;
     for (; d + 2 * kW <= hd; d += 2 * kW) {  // 2 kW elements per load: wide conversions
       for (int j = 0; j < TT; ++j) {
@@ -108,7 +109,7 @@ void tile_scores(const float* q, int hd, const Chunk& c, int n, const Chunk* nex
         for (int r = 0; r < R; ++r) acc[r * TT + j] = vfmadd(vload8(q + r * hd + d), kv, acc[r * TT + j]);
       }
     }
-    alignas(64) float sums[kTile];
+    alignas(64) float sums[kAcc];
     vsum_tile(acc, sums);
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < TT && t0 + j < n; ++j) s[r][t0 + j] = sums[r * TT + j];
@@ -199,14 +200,27 @@ void tile_values_tail8(const Chunk& c, int n, const Chunk* next, float (*p)[kChu
   for (int r = 0; r < R; ++r) vstore8(acc + r * hd + d0, o[r]);
 }
 
-// acc_r += sum_t p[r][t] v_t over all of head_dim for R <= 4 rows.
+// acc_r[d, hd) += sum_t p[r][t] v_t[d, hd): column blocks of CC vectors, then CC / 2, ... 1,
+// then the tail of 8.
+template <CacheType CT, int R, int CC>
+void values_from(const Chunk& c, int n, const Chunk* next, float (*p)[kChunk], float* acc, int hd,
+                 int d) {
+  d = tile_values<CT, R, CC>(c, n, next, p, acc, hd, d);
+  if (d >= hd) return;
+  if constexpr (CC > 1) {
+    values_from<CT, R, CC / 2>(c, n, next, p, acc, hd, d);
+  } else {
+    tile_values_tail8<CT, R>(c, n, next, p, acc, hd, d);
+  }
+}
+
+// acc_r += sum_t p[r][t] v_t over all of head_dim for R <= 4 rows (R x CC <= kAcc accumulators,
+// CC <= 8 so the value vectors fit in registers too).
 template <CacheType CT, int R>
 void values_pass(const Chunk& c, int n, const Chunk* next, float (*p)[kChunk], float* acc,
                  int hd) {
-  constexpr int CC = kTile / R;
-  int d = tile_values<CT, R, CC>(c, n, next, p, acc, hd, 0);
-  if (d < hd) d = tile_values<CT, R, 1>(c, n, next, p, acc, hd, d);
-  if (d < hd) tile_values_tail8<CT, R>(c, n, next, p, acc, hd, d);
+  constexpr int CC = kAcc / R < 8 ? kAcc / R : 8;
+  values_from<CT, R, CC>(c, n, next, p, acc, hd, 0);
 }
 
 // One register tile of R query rows (starting at row0) against one chunk; `next` (the next
