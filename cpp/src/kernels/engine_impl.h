@@ -301,39 +301,49 @@ void prefetch_chunk(const Chunk& c, int head_dim) {
   }
 }
 
+#ifndef PAGEDLLM_PREFETCH_AHEAD
+#define PAGEDLLM_PREFETCH_AHEAD 2
+#endif
+constexpr int kAhead = PAGEDLLM_PREFETCH_AHEAD;  // chunks prefetched ahead of the one computing
+
 template <CacheType CT>
 void attend_typed(const AttendTask& task) {
   int limit = 0;
   for (int r = 0; r < task.num_rows; ++r) limit = imax(limit, task.row_limit[r]);
   const int end = imin(task.token_end, limit);
   if (task.token_begin >= end) return;
-  Chunk chunks[2];
-  int cur = 0;
+  int first_limit = 0;  // the furthest token the first register tile reads
+  for (int r = 0; r < imin(kTile, task.num_rows); ++r)
+    first_limit = imax(first_limit, task.row_limit[r]);
   constexpr int kTokens = chunk_tokens<CT>();
-  gather_chunk<CT>(task, task.token_begin, imin(kTokens, end - task.token_begin), &chunks[cur]);
-  prefetch_chunk<CT>(chunks[cur], task.head_dim);
-  for (;;) {
-    const Chunk& c = chunks[cur];
-    const int next_pos = c.pos0 + c.n;
-    const Chunk* next = nullptr;
-    if (next_pos < end) {
-      gather_chunk<CT>(task, next_pos, imin(kTokens, end - next_pos), &chunks[cur ^ 1]);
-      next = &chunks[cur ^ 1];
-      // The first tile prefetches as it reads; if it does not read the whole chunk (causal
-      // prefill rows), the next chunk is requested at once instead.
-      int first_limit = 0;
-      for (int r = 0; r < imin(kTile, task.num_rows); ++r)
-        first_limit = imax(first_limit, task.row_limit[r]);
-      if (first_limit < next_pos) {
-        prefetch_chunk<CT>(*next, task.head_dim);
-        next = nullptr;
+  constexpr int kRing = kAhead + 1;
+  Chunk chunks[kRing];
+  int pos = task.token_begin;  // the first token not yet gathered
+  for (int i = 0; i < kAhead && pos < end; ++i) {  // the first chunks: requested at once
+    gather_chunk<CT>(task, pos, imin(kTokens, end - pos), &chunks[i]);
+    prefetch_chunk<CT>(chunks[i], task.head_dim);
+    pos += chunks[i].n;
+  }
+  for (int i = 0;; ++i) {
+    const Chunk& c = chunks[i % kRing];
+    const Chunk* ahead = nullptr;
+    if (pos < end) {
+      Chunk* a = &chunks[(i + kAhead) % kRing];
+      gather_chunk<CT>(task, pos, imin(kTokens, end - pos), a);
+      pos += a->n;
+      ahead = a;
+      // The first tile prefetches `ahead` as it reads `c`; if it does not read all of `c`
+      // (causal prefill rows), `ahead` is requested at once instead.
+      if (first_limit < c.pos0 + c.n) {
+        prefetch_chunk<CT>(*a, task.head_dim);
+        ahead = nullptr;
       }
     }
     for (int row0 = 0; row0 < task.num_rows; row0 += kTile) {
-      attend_rows<CT>(task, row0, imin(kTile, task.num_rows - row0), c, row0 == 0 ? next : nullptr);
+      attend_rows<CT>(task, row0, imin(kTile, task.num_rows - row0), c,
+                      row0 == 0 ? ahead : nullptr);
     }
-    if (next_pos >= end) break;
-    cur ^= 1;
+    if (c.pos0 + c.n >= end) break;
   }
 }
 
