@@ -64,15 +64,15 @@ struct Chunk {
   int n;     // tokens in the chunk
 };
 
-// Prefetches the lines of the byte range [b0, b1) of row `row` of the next chunk (the range
-// this loop reads of the current chunk's row): a chunk's reads thereby request the next
+// Prefetches the lines of the byte range [b0, b1) of row `row` of a chunk ahead (the range
+// this loop reads of the current chunk's row): a chunk's reads thereby request a later
 // chunk's lines at the pace they are consumed. Lines are those starting inside the range.
 inline void prefetch_range(const uint8_t* row, int b0, int b1) {
   for (int b = (b0 + 63) & ~63; b < b1; b += 64) __builtin_prefetch(row + b, 0, 2);
 }
 
 // s[r][t] = q_r . k_t for the R rows of the tile and t < n; prefetches the same bytes of the
-// next chunk's K rows when `next` is set.
+// K rows of the chunk ahead when `next` is set.
 template <CacheType CT, int R>
 void tile_scores(const float* q, int hd, const Chunk& c, int n, const Chunk* next,
                  float (*s)[kChunk]) {
@@ -153,7 +153,7 @@ inline void row_softmax(float* s, int visible, int n, float* row_max, float* row
 
 // acc_r[d0, d1) += sum_t p[r][t] v_t[d0, d1) for the R rows of the tile, CC vectors at a time
 // (d1: the last multiple of kW * CC reachable from d0); returns d1. Prefetches the same bytes
-// of the next chunk's V rows when `next` is set.
+// of the chunk ahead's V rows when `next` is set.
 template <CacheType CT, int R, int CC>
 int tile_values(const Chunk& c, int n, const Chunk* next, float (*p)[kChunk], float* acc, int hd,
                 int d0) {
@@ -223,8 +223,8 @@ void values_pass(const Chunk& c, int n, const Chunk* next, float (*p)[kChunk], f
   values_from<CT, R, CC>(c, n, next, p, acc, hd, 0);
 }
 
-// One register tile of R query rows (starting at row0) against one chunk; `next` (the next
-// chunk, or null) is prefetched along the way.
+// One register tile of R query rows (starting at row0) against one chunk; `next` (the chunk
+// kAhead ahead, or null) is prefetched along the way.
 template <CacheType CT, int R>
 void attend_tile(const AttendTask& task, int row0, const Chunk& c, const Chunk* next) {
   const int hd = task.head_dim;
