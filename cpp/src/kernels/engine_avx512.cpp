@@ -35,6 +35,10 @@ inline V vload(const float* p) { return _mm512_loadu_ps(p); }
 inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
 inline V vload8(const float* p) { return _mm512_maskz_loadu_ps(kLow8, p); }
 inline void vstore8(float* p, V v) { _mm512_mask_storeu_ps(p, kLow8, v); }
+// x in the low 256 bits, 0 above (AVX-512F only; _mm512_zextps256_ps512 needs a newer compiler).
+inline V zext256(__m256 x) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_setzero_pd(), _mm256_castps_pd(x), 0));
+}
 inline V vfmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
 inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
 inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
@@ -162,12 +166,12 @@ inline V vload_cache8(const uint8_t* p) {
   if constexpr (CT == CacheType::kFloat32) {
     return _mm512_maskz_loadu_ps(kLow8, reinterpret_cast<const float*>(p));
   } else if constexpr (CT == CacheType::kFloat16) {
-    return _mm512_zextps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    return zext256(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   } else if constexpr (CT == CacheType::kBFloat16) {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm512_zextps256_ps512(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    return zext256(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
   } else {
-    return _mm512_zextps256_ps512(_mm256_cvtph_ps(fp8x8_to_half<CT>(p)));
+    return zext256(_mm256_cvtph_ps(fp8x8_to_half<CT>(p)));
   }
 }
 
