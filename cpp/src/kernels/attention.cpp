@@ -29,7 +29,7 @@ namespace {
 constexpr int kMinPartition = 256;  // tokens: smaller partitions cost more to merge than save
 constexpr int kPrefillRows = 64;    // query rows (tokens x GQA group) per prefill task
 
-// The engine calls dispatch to (null until first use: then PAGEDLLM_CPU_ENGINE or the best).
+// The engine the calls dispatch to (null until the first call).
 std::atomic<const EngineOps*> g_engine{nullptr};
 
 // The engine compiled under `name`, or null (unknown or not compiled in).
@@ -80,6 +80,7 @@ const EngineOps& best_engine() {
   return generic_engine();
 }
 
+// The engine the calls use (chosen at the first call: PAGEDLLM_CPU_ENGINE, else the best).
 const EngineOps& engine() {
   const EngineOps* e = g_engine.load(std::memory_order_acquire);
   if (e != nullptr) return *e;
