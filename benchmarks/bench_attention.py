@@ -8,10 +8,15 @@ out contiguously ([B, H, L, D]; fp8 has no SDPA, so its baseline is SDPA on bf16
 K/V bytes read per second, that as a fraction of the bandwidth measured in the same rounds, and
 SDPA time / kernel time. The machine is shared, so each figure is the best of the rounds (the
 least disturbed measurement: fastest time, highest bandwidth); medians are kept in the JSON.
+Engines: every CPU attention engine this CPU runs (avx512, avx2, generic), forced in turn within
+each round (a bandwidth probe before each), on the target cases 16 x 2k and 1 x 8k, reported as
+the fraction of the best read bandwidth probed in that case's rounds and its distance to the
+target (0.8; fp8 0.6).
 Prefill: causal attention of whole prompts, tokens per second against causal SDPA.
 
 Usage: PYTHONPATH=python python benchmarks/bench_attention.py [--quick] [--rounds N]
-Writes benchmarks/results/attention.json.
+       ... --engines [--rounds N]   (only the per-engine target cases)
+Writes benchmarks/results/attention.json (--engines: attention_engines.json).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 STORAGE = {"fp32": (torch.float32, "auto"), "bf16": (torch.bfloat16, "auto"),
            "fp8": (torch.uint8, "fp8")}
 MAX_TOKENS = 65536  # batch * context cap: keeps fp32 K/V + its contiguous copy near 1 GiB
+ENGINE_CASES = [(16, 2048), (1, 8192)]  # batch x context of the bandwidth targets
+TARGET_FRAC = 0.8  # of the read bandwidth (fp8: 0.6)
 
 
 CLOCK = time.perf_counter  # --cpu-time: time.thread_time (one thread; others' slices excluded)
@@ -115,6 +122,73 @@ def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen) -> dict:
                 median_read_bw_gbps=statistics.median(bws) / 1e9)
 
 
+def bench_engines(batch, ctx, storage, engines, bw: Bandwidth, rounds, gen) -> list:
+    """One decode case with each engine forced in turn, interleaved within each round (each
+    timing preceded by a bandwidth probe, which also evicts the caches)."""
+    c = make_decode_case(batch, ctx, storage, gen)
+    scale = 1.0 / math.sqrt(HEAD_DIM)
+
+    def kernel():
+        _core.paged_attention_decode(c["out"], c["q"], c["kc"], c["vc"], c["tables"], c["lens"],
+                                     scale, c["kv_cache_dtype"])
+
+    ts = {e: [] for e in engines}
+    bws = {e: [] for e in engines}
+    try:
+        for e in engines:  # warm up
+            _core.set_cpu_engine(e)
+            kernel()
+        for _ in range(rounds):
+            for e in engines:
+                _core.set_cpu_engine(e)
+                bws[e].append(bw.measure())
+                ts[e].append(timed(kernel))
+    finally:
+        _core.set_cpu_engine("auto")
+    target = 0.6 if storage == "fp8" else TARGET_FRAC
+    out = []
+    bandwidth = max(max(b) for b in bws.values())  # the case's best probe, all engines' rounds
+    for e in engines:
+        t = min(ts[e])
+        frac = c["kv_bytes"] / t / bandwidth
+        out.append(dict(engine=e, batch=batch, context=ctx, storage=storage, kernel_ms=t * 1e3,
+                        kv_bytes=c["kv_bytes"], kv_gbps=c["kv_bytes"] / t / 1e9,
+                        read_bw_gbps=bandwidth / 1e9, frac_of_bw=frac, target_frac=target,
+                        frac_short_of_target=max(0.0, target - frac),
+                        median_kernel_ms=statistics.median(ts[e]) * 1e3,
+                        median_read_bw_gbps=statistics.median(bws[e]) / 1e9,
+                        median_frac_of_bw=c["kv_bytes"] / statistics.median(ts[e]) /
+                        statistics.median(bws[e])))
+    return out
+
+
+def run_engines(bw: Bandwidth, rounds: int, gen) -> list:
+    """Every engine this CPU runs, on the target cases, every storage type; prints a table."""
+    engines = _core.cpu_engines()
+    print(f"engines {engines}: fraction of the read bandwidth (target 0.8, fp8 0.6), best of "
+          f"{rounds} rounds")
+    print(f"{'storage':>7} {'case':>9} " + " ".join(f"{e:>14}" for e in engines))
+    rows = []
+    for storage in STORAGE:
+        for batch, ctx in ENGINE_CASES:
+            res = bench_engines(batch, ctx, storage, engines, bw, rounds, gen)
+            rows += res
+            print(f"{storage:>7} {batch:>3}x{ctx:<5} " + " ".join(
+                f"{r['frac_of_bw']:5.2f} ({r['kernel_ms']:5.1f}ms)" for r in res), flush=True)
+    return rows
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo, as lscpu prints it), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def bench_prefill(batch, prompt, dtype, rounds, gen) -> dict:
     """Whole prompts of `prompt` tokens: paged causal prefill vs causal SDPA."""
     blocks = batch * prompt // BLOCK
@@ -158,6 +232,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a few cases only (smoke run)")
     ap.add_argument("--headline", action="store_true",
                     help="only batch 16 x 2k and 8 x 8k, many rounds (the targets' cases)")
+    ap.add_argument("--engines", action="store_true",
+                    help="only every engine on the target cases 16 x 2k and 1 x 8k")
     ap.add_argument("--cpu-time", action="store_true",
                     help="one thread for the kernels and torch, timed in thread CPU time (on a "
                          "shared machine this excludes other jobs' time slices)")
@@ -176,8 +252,15 @@ def main() -> None:
     cases = [(b, c) for b in batches for c in contexts if b * c <= MAX_TOKENS]
     if args.headline:
         cases = [(16, 2048), (8, 8192)]
+    print(f"cpu={cpu_model()!r} threads={_core.get_num_threads()} kernel={_core.cpu_kernel()}")
+    if args.engines:
+        out = args.out
+        if out == str(Path(__file__).parent / "results" / "attention.json"):
+            out = str(Path(__file__).parent / "results" / "attention_engines.json")
+        args.out = out
+        write_results(args, [], [], [], run_engines(bw, args.rounds, gen))
+        return
     decode = []
-    print(f"threads={_core.get_num_threads()} kernel={_core.cpu_kernel()}")
     print(f"{'storage':>7} {'batch':>5} {'ctx':>5} {'ms':>8} {'KV GB/s':>8} {'bw GB/s':>8} "
           f"{'%bw':>5} {'sdpa ms':>8} {'vs sdpa':>7}")
     for storage in STORAGE:
@@ -191,13 +274,8 @@ def main() -> None:
     if args.headline:
         write_results(args, decode, [], [])
         return
-    # The portable kernel on one mid-size case, for comparison.
-    _core.force_generic_kernels(True)
-    generic = [bench_decode(16, 2048, s, bw, args.rounds, gen) for s in STORAGE]
-    _core.force_generic_kernels(False)
-    for r in generic:
-        print(f"generic {r['storage']}: {r['kernel_ms']:.2f} ms, {100 * r['frac_of_bw']:.0f}% bw, "
-              f"{r['speedup_vs_sdpa']:.2f}x sdpa")
+    # Every engine on the target cases, for comparison.
+    engines = run_engines(bw, args.rounds, gen)
     prefill = []
     for dtype in [torch.float32, torch.bfloat16]:
         for batch, prompt in ([(1, 512)] if args.quick else [(1, 512), (1, 2048), (4, 512)]):
@@ -206,18 +284,21 @@ def main() -> None:
             print(f"prefill {r['dtype']:>14} {batch}x{prompt}: {r['tokens_per_s']:9.0f} tok/s, "
                   f"sdpa {r['sdpa_tokens_per_s']:9.0f} tok/s ({r['speedup_vs_sdpa']:.2f}x)",
                   flush=True)
-    write_results(args, decode, generic, prefill)
+    write_results(args, decode, [], prefill, engines)
 
 
-def write_results(args, decode, generic, prefill) -> None:
+def write_results(args, decode, generic, prefill, engines=()) -> None:
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M"), machine=platform.processor() or
-                platform.machine(), cpus=os.cpu_count(), threads=_core.get_num_threads(),
+                platform.machine(), cpu_model=cpu_model(), cpu_engines=_core.cpu_engines(),
+                default_engine=_core.cpu_kernel(), cpus=os.cpu_count(),
+                threads=_core.get_num_threads(),
                 clock="thread_time" if args.cpu_time else "perf_counter",
                 torch=torch.__version__, rounds=args.rounds,
                 load_avg=os.getloadavg() if hasattr(os, "getloadavg") else None)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(dict(meta=meta, decode=decode, decode_generic=generic,
-                                              prefill=prefill), indent=1))
+                                              decode_engines=list(engines), prefill=prefill),
+                                         indent=1))
     print(f"wrote {args.out}")
 
 

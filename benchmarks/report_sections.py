@@ -146,6 +146,9 @@ def attention(data: dict, ctx: Context) -> str:
            f"\"vs SDPA\" = torch's scaled_dot_product_attention time on the same K/V laid out "
            f"contiguously, over the kernel's (above 1: the paged kernel is faster).", "",
            table(header_row, rows)]
+    eng = data.get("decode_engines") or []
+    if eng:
+        out += ["", engines_table(data)]
     gen = data.get("decode_generic") or []
     if gen:
         out += ["", "Portable (non-AVX2) kernel at 16 x 2048: " + "; ".join(
@@ -163,6 +166,23 @@ def attention(data: dict, ctx: Context) -> str:
                 f"{meta.get('torch', '?')}, load average {load[0]:.1f} at the end._"
             if load else ""]
     return "\n".join(out)
+
+
+def engines_table(data: dict) -> str:
+    """Every CPU engine on the target cases: fraction of the read bandwidth, distance to target."""
+    meta = data.get("meta", {})
+    rows = [[r["engine"], r["storage"], f"{r['batch']} x {r['context']}", f"{r['kernel_ms']:.2f}",
+             f"{r['kv_gbps']:.2f}", f"{r['read_bw_gbps']:.2f}", f"{r['frac_of_bw']:.2f}",
+             f"{r.get('median_frac_of_bw', float('nan')):.2f}", f"{r['target_frac']:.1f}",
+             "met" if r["frac_short_of_target"] == 0 else f"{r['frac_short_of_target']:.2f} short"]
+            for r in data.get("decode_engines", [])]
+    return "\n".join([
+        f"Each CPU engine forced in turn on the target cases ({meta.get('cpu_model', '?')}, "
+        f"engines {', '.join(meta.get('cpu_engines', []))}; default "
+        f"`{meta.get('default_engine', '?')}`), interleaved within each round, a bandwidth probe "
+        f"before each timing:", "",
+        table(["engine", "storage", "batch x context", "ms (best)", "K/V GB/s", "read bw GB/s",
+               "fraction of bw (best)", "fraction (medians)", "target", "vs target"], rows)])
 
 
 def kv_dtypes(data: dict, ctx: Context) -> str:

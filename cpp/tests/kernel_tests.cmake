@@ -1,2 +1,3 @@
 # CPU kernel tests: included from cpp/tests/CMakeLists.txt (target pagedllm_core_tests).
-target_sources(pagedllm_core_tests PRIVATE ${CMAKE_CURRENT_LIST_DIR}/test_kernels.cpp)
+target_sources(pagedllm_core_tests PRIVATE ${CMAKE_CURRENT_LIST_DIR}/test_kernels.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_kernel_engines.cpp)

@@ -3,10 +3,12 @@
 // thread pool. The exhaustive sweeps live in tests/python/test_kernels_*.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "pagedllm/error.h"
@@ -122,10 +124,17 @@ struct Fixture {
   }
 };
 
-class KernelEngines : public ::testing::TestWithParam<bool> {
+// Runs each test once per CPU engine; engines this CPU lacks are skipped.
+class KernelEngines : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override { pk::force_generic_kernels(GetParam()); }
-  void TearDown() override { pk::force_generic_kernels(false); }
+  void SetUp() override {
+    const auto ok = pk::available_cpu_engines();
+    if (std::find(ok.begin(), ok.end(), GetParam()) == ok.end()) {
+      GTEST_SKIP() << "engine " << GetParam() << " not compiled in or not supported by this CPU";
+    }
+    pk::set_cpu_engine(GetParam());
+  }
+  void TearDown() override { pk::set_cpu_engine("auto"); }
 };
 
 }  // namespace
@@ -168,7 +177,24 @@ TEST_P(KernelEngines, PrefillIsCausal) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(GenericAndBest, KernelEngines, ::testing::Values(true, false));
+INSTANTIATE_TEST_SUITE_P(AllEngines, KernelEngines,
+                         ::testing::Values("generic", "avx2", "avx512"));
+
+TEST(KernelEngineChoice, UnknownOrUnavailableEnginesThrowAndChangeNothing) {
+  const std::string before = pk::active_cpu_kernel();
+  EXPECT_THROW(pk::set_cpu_engine("sse9"), pagedllm::Error);
+  const auto ok = pk::available_cpu_engines();
+  ASSERT_FALSE(ok.empty());
+  EXPECT_EQ(ok.back(), "generic");
+  for (const char* name : {"avx2", "avx512"}) {
+    if (std::find(ok.begin(), ok.end(), name) == ok.end()) {
+      EXPECT_THROW(pk::set_cpu_engine(name), pagedllm::Error) << name;
+    }
+  }
+  EXPECT_EQ(pk::active_cpu_kernel(), before);
+  pk::set_cpu_engine("auto");
+  EXPECT_EQ(pk::active_cpu_kernel(), ok.front());
+}
 
 TEST(KernelValidation, BadBlockIdThrowsBeforeWriting) {
   Fixture f({5});

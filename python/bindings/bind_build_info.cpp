@@ -41,6 +41,9 @@ void bind_build_info(py::module_& m) {
         if (f.fma) cpu.append("fma");
         if (f.f16c) cpu.append("f16c");
         if (f.avx512f) cpu.append("avx512f");
+        if (f.avx512bw) cpu.append("avx512bw");
+        if (f.avx512vl) cpu.append("avx512vl");
+        if (f.avx512dq) cpu.append("avx512dq");
         if (f.avx512bf16) cpu.append("avx512bf16");
         d["cpu_features"] = cpu;
         d["compiler"] = __VERSION__;

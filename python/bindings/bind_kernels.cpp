@@ -165,7 +165,14 @@ void bind_kernels(py::module_& m) {
   m.def("stream_read_sum", &stream_read_sum, py::arg("x"),
         "Sums a contiguous float32 tensor with all pool threads (memory read-bandwidth probe).");
   m.def("cpu_kernel", &k::active_cpu_kernel,
-        "The CPU attention kernel variant in use: 'avx2' or 'generic'.");
+        "The CPU attention engine in use: 'avx512', 'avx2' or 'generic'.");
+  m.def("get_cpu_engine", &k::active_cpu_kernel,
+        "The CPU attention engine in use: 'avx512', 'avx2' or 'generic'.");
+  m.def("set_cpu_engine", &k::set_cpu_engine, py::arg("name"),
+        "Uses CPU attention engine `name` ('generic', 'avx2', 'avx512', or 'auto' for the best "
+        "this CPU runs); ValueError if unknown, not compiled in, or not supported by this CPU.");
+  m.def("cpu_engines", &k::available_cpu_engines,
+        "The CPU attention engines compiled in that this CPU runs, best first.");
   m.def("force_generic_kernels", &k::force_generic_kernels, py::arg("on"),
         "Forces the portable attention kernel (True) or the best one for this CPU (False).");
 }

@@ -1,10 +1,10 @@
 """paged_attention_decode / paged_attention_prefill against a float64 torch reference.
 
 Every case: fresh random K/V written into randomly permuted blocks (unused cache slots and table
-entries poisoned), outputs poisoned with NaN before the call, both the AVX2 and the portable
-kernel. Error bound per element: |out - ref| <= u_out * |ref| + 1e-5 * max(1, max|ref|), where
+entries poisoned), outputs poisoned with NaN before the call, every CPU engine. Error bound per element: |out - ref| <= u_out * |ref| + 1e-5 * max(1, max|ref|), where
 u_out is the unit roundoff of the output dtype (the reference uses the exact stored K/V, so the
 storage dtype adds no error beyond that; fp8 against unquantized K/V is tested separately).
+Every test taking `kernel` runs once per CPU engine (avx512, avx2, generic) this CPU has.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import random
 import pytest
 import torch
 
+from cpu_engines import ENGINES, restore, use_engine
 from kernel_reference import UNIT_ROUNDOFF, attention_ref, make_paged_kv, random_lens
 from pagedllm import _core
 
@@ -25,33 +26,24 @@ ACT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 GROUPS = [(8, 8), (8, 2), (32, 4), (16, 2), (8, 1), (32, 1)]  # (num_heads, num_kv_heads)
 
 
-def select_kernel(name: str) -> None:
-    """Makes the calls use kernel `name` (AVX2 skipped where not compiled or not supported)."""
-    if name == "avx2" and "avx2" not in _core.build_info()["cpu_kernels_compiled"]:
-        pytest.skip("AVX2 kernels not compiled on this platform")
-    _core.force_generic_kernels(name == "generic")
-    if name == "avx2" and _core.cpu_kernel() != "avx2":
-        _core.force_generic_kernels(False)
-        pytest.skip("this CPU lacks AVX2/FMA/F16C")
-
-
-@pytest.fixture(params=["avx2", "generic"])
+@pytest.fixture(params=ENGINES)
 def kernel(request):
-    """Runs the test once per kernel variant."""
-    select_kernel(request.param)
+    """Runs the test once per CPU engine (those this machine lacks are skipped)."""
+    use_engine(request.param)
     yield request.param
-    _core.force_generic_kernels(False)
+    restore()
 
 
-# The random matrices: 12 seeds on the fast kernel, 6 on the (slower) portable one.
-MATRIX = [("avx2", s) for s in range(12)] + [("generic", s) for s in range(6)]
+# The random matrices: 12 seeds on the widest engine, fewer on the others.
+MATRIX = ([("avx512", s) for s in range(12)] + [("avx2", s) for s in range(8)] +
+          [("generic", s) for s in range(6)])
 
 
 @pytest.fixture
 def matrix_kernel(request):
-    select_kernel(request.param)
+    use_engine(request.param)
     yield request.param
-    _core.force_generic_kernels(False)
+    restore()
 
 
 def assert_close(out: torch.Tensor, ref: torch.Tensor) -> None:
@@ -162,6 +154,23 @@ def test_edge_sizes(kernel, block_size, head_dim):
     run_decode(gen, lens, 4, 2, head_dim, block_size, "auto", torch.float32)
     q_lens = [min(q, n) for q, n in zip([1, block_size, 1, 7, 300], lens)]
     run_prefill(gen, lens, q_lens, 4, 2, head_dim, block_size, "auto", torch.float32)
+
+
+@pytest.mark.parametrize("head_dim", [8, 24, 40, 72, 136, 200, 264, 512])
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"])
+def test_head_dim_tails(kernel, head_dim, kv_dtype):
+    """head_dim not a multiple of 16 (the 16-lane engine's 8-element tails) nor of 32 (its
+    32-element wide loads), GQA groups of 3 and 1, partial last blocks, decode and prefill."""
+    gen = torch.Generator().manual_seed(head_dim)
+    fp8 = kv_dtype.startswith("fp8")
+    ks, vs = (0.6, 1.7) if fp8 else (1.0, 1.0)
+    lens = [1, 15, 16, 17, 70]  # block 16: partial, exact and one-past last blocks
+    run_decode(gen, lens, 6, 2, head_dim, 16, kv_dtype, torch.float32, k_scale=ks, v_scale=vs)
+    run_decode(gen, lens[:3], 2, 2, head_dim, 5, kv_dtype, torch.bfloat16, k_scale=ks,
+               v_scale=vs)
+    q_lens = [1, 15, 3, 17, 9]
+    run_prefill(gen, lens, q_lens, 6, 2, head_dim, 16, kv_dtype, torch.float32, k_scale=ks,
+                v_scale=vs)
 
 
 def test_long_context_single_sequence(kernel):

@@ -12,19 +12,19 @@ import numpy as np
 import pytest
 import torch
 
+from cpu_engines import ENGINES, restore, use_engine
 from kernel_reference import FP8_TORCH, quantize, storage_torch_dtype
 from pagedllm import _core
 
 ACT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-@pytest.fixture(params=["avx2", "generic"])
+@pytest.fixture(params=ENGINES)
 def kernel(request):
-    if request.param == "avx2" and "avx2" not in _core.build_info()["cpu_kernels_compiled"]:
-        pytest.skip("AVX2 kernels not compiled on this platform")
-    _core.force_generic_kernels(request.param == "generic")
+    """Runs the test once per CPU engine (those this machine lacks are skipped)."""
+    use_engine(request.param)
     yield request.param
-    _core.force_generic_kernels(False)
+    restore()
 
 
 def special_values(dtype: torch.dtype) -> torch.Tensor:

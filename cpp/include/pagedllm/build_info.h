@@ -13,10 +13,14 @@ struct CpuFeatures {
   bool fma = false;
   bool f16c = false;
   bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512vl = false;
+  bool avx512dq = false;
   bool avx512bf16 = false;
 };
 
-// Features of the CPU this process runs on (detected once, at first call).
+// Features of the CPU this process runs on, each only if the OS also saves the registers it
+// uses (CPUID + XGETBV, detected once, at first call).
 const CpuFeatures& cpu_features();
 
 // The library version, e.g. "0.1.0".

@@ -11,10 +11,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "engine.h"
 #include "pagedllm/build_info.h"
+#include "pagedllm/error.h"
 #include "pagedllm/kernels/convert.h"
 #include "pagedllm/kernels/kernels.h"
 #include "pagedllm/kernels/thread_pool.h"
@@ -26,16 +29,66 @@ namespace {
 constexpr int kMinPartition = 256;  // tokens: smaller partitions cost more to merge than save
 constexpr int kPrefillRows = 64;    // query rows (tokens x GQA group) per prefill task
 
-std::atomic<bool> g_force_generic{false};
+// The engine the calls dispatch to (null until the first call).
+std::atomic<const EngineOps*> g_engine{nullptr};
 
-const EngineOps& engine() {
+// The engine compiled under `name`, or null (unknown or not compiled in).
+const EngineOps* compiled_engine(const std::string& name) {
+  if (name == "generic") return &generic_engine();
 #ifdef PAGEDLLM_HAVE_AVX2_KERNELS
-  const CpuFeatures& f = cpu_features();
-  if (!g_force_generic.load(std::memory_order_relaxed) && f.avx2 && f.fma && f.f16c) {
-    return avx2_engine();
-  }
+  if (name == "avx2") return &avx2_engine();
 #endif
+#ifdef PAGEDLLM_HAVE_AVX512_KERNELS
+  if (name == "avx512") return &avx512_engine();
+#endif
+  return nullptr;
+}
+
+// Whether this CPU (and OS) has every feature the engine `name` is compiled for.
+bool cpu_runs(const std::string& name) {
+  const CpuFeatures& f = cpu_features();
+  const bool avx2 = f.avx2 && f.fma && f.f16c;
+  if (name == "avx2") return avx2;
+  if (name == "avx512") return avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+  return name == "generic";
+}
+
+constexpr const char* kEngineNames[] = {"avx512", "avx2", "generic"};  // best first
+
+// The engine `name`, or a pagedllm::Error naming what is wrong (`what`: where the name came from).
+const EngineOps& checked_engine(const std::string& name, const char* what) {
+  const bool known = name == "generic" || name == "avx2" || name == "avx512";
+  PAGEDLLM_CHECK_ARG(known, what << ": unknown CPU engine '" << name
+                                 << "' (expected auto, generic, avx2 or avx512)");
+  const EngineOps* ops = compiled_engine(name);
+  PAGEDLLM_CHECK_ARG(ops != nullptr, what << ": CPU engine '" << name
+                                          << "' is not compiled into this build (x86 only)");
+  PAGEDLLM_CHECK_ARG(cpu_runs(name),
+                     what << ": CPU engine '" << name << "' needs "
+                          << (name == "avx2" ? "AVX2, FMA and F16C"
+                                             : "AVX-512 F/BW/VL/DQ (and AVX2, FMA, F16C)")
+                          << ", which this CPU (or its OS) does not provide");
+  return *ops;
+}
+
+// The best engine compiled in that this CPU runs.
+const EngineOps& best_engine() {
+  for (const char* name : kEngineNames) {
+    const EngineOps* ops = compiled_engine(name);
+    if (ops != nullptr && cpu_runs(name)) return *ops;
+  }
   return generic_engine();
+}
+
+// The engine the calls use (chosen at the first call: PAGEDLLM_CPU_ENGINE, else the best).
+const EngineOps& engine() {
+  const EngineOps* e = g_engine.load(std::memory_order_acquire);
+  if (e != nullptr) return *e;
+  const char* env = std::getenv("PAGEDLLM_CPU_ENGINE");
+  const bool forced = env != nullptr && *env != '\0' && std::string(env) != "auto";
+  e = forced ? &checked_engine(env, "PAGEDLLM_CPU_ENGINE") : &best_engine();
+  g_engine.store(e, std::memory_order_release);
+  return *e;
 }
 
 bool is_fp8(CacheType t) { return t == CacheType::kFp8E4M3 || t == CacheType::kFp8E5M2; }
@@ -306,6 +359,18 @@ void paged_attention_prefill(const AttentionParams& p) {
 
 std::string active_cpu_kernel() { return engine().name; }
 
-void force_generic_kernels(bool on) { g_force_generic.store(on, std::memory_order_relaxed); }
+void set_cpu_engine(const std::string& name) {
+  g_engine.store(name == "auto" ? &best_engine() : &checked_engine(name, "set_cpu_engine"),
+                 std::memory_order_release);
+}
+
+std::vector<std::string> available_cpu_engines() {
+  std::vector<std::string> names;
+  for (const char* name : kEngineNames)
+    if (compiled_engine(name) != nullptr && cpu_runs(name)) names.emplace_back(name);
+  return names;
+}
+
+void force_generic_kernels(bool on) { set_cpu_engine(on ? "generic" : "auto"); }
 
 }  // namespace pagedllm::kernels

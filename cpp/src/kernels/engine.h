@@ -49,5 +49,7 @@ struct EngineOps {
 const EngineOps& generic_engine();
 // The AVX2 + FMA + F16C engine; only when PAGEDLLM_HAVE_AVX2_KERNELS is defined.
 const EngineOps& avx2_engine();
+// The AVX-512 F/BW/VL/DQ engine; only when PAGEDLLM_HAVE_AVX512_KERNELS is defined.
+const EngineOps& avx512_engine();
 
 }  // namespace pagedllm::kernels

@@ -129,6 +129,19 @@ inline void vload_cache2(const uint8_t* p, V8* lo, V8* hi) {
   }
 }
 
+// The width engine_impl.h is written over, and its 8-element forms (the full ones here: a
+// head_dim tail never occurs with 8 lanes).
+constexpr int kW = 8;
+constexpr int kAcc = 8;  // of 16 vector registers
+using V = V8;
+inline V vload8(const float* p) { return vload(p); }
+inline void vstore8(float* p, V v) { vstore(p, v); }
+template <CacheType CT>
+inline V vload_cache8(const uint8_t* p) {
+  return vload_cache<CT>(p);
+}
+inline void vsum_tile(const V* a, float* out) { vstore(out, vsum8(a)); }
+
 }  // namespace
 }  // namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS
 

@@ -53,11 +53,21 @@ bool parse_kv_cache_dtype(const std::string& name, CacheType* out);
 const char* cache_type_name(CacheType t);
 const char* scalar_type_name(ScalarType t);
 
-// The kernel variant the calls dispatch to on this CPU: "avx2" or "generic".
+// The attention engine the calls dispatch to: "avx512", "avx2" or "generic". By default the
+// best one compiled in that this CPU runs; the environment variable PAGEDLLM_CPU_ENGINE
+// (read at the first call) or set_cpu_engine() choose another.
 std::string active_cpu_kernel();
 
-// Forces the portable kernels (true) or the best the CPU supports (false); for tests and
-// benchmarks comparing the two.
+// Makes the calls use engine `name` ("generic", "avx2", "avx512"; "auto" = the best this CPU
+// runs). Throws pagedllm::Error (invalid argument) for an unknown name, an engine not compiled
+// in, or one whose instructions this CPU lacks; the choice is then unchanged.
+void set_cpu_engine(const std::string& name);
+
+// The engines compiled in that this CPU runs, best first (always ends with "generic").
+std::vector<std::string> available_cpu_engines();
+
+// Forces the portable engine (true) or the best one for this CPU (false): set_cpu_engine
+// ("generic" / "auto"), kept for existing callers.
 void force_generic_kernels(bool on);
 
 }  // namespace pagedllm::kernels

@@ -1,0 +1,210 @@
+// Every CPU attention engine against a double-precision reference, over the storage types and
+// the shapes that select different code paths of the 8- and 16-lane engines: head_dim tails
+// (not a multiple of 16 or 32), GQA groups 1..8 (register tiles of 1..8 rows), block sizes 1..256,
+// context 0, partial last blocks, and prefill's causal rows. Built into the sanitizer run too.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "pagedllm/kernels/convert.h"
+#include "pagedllm/kernels/kernels.h"
+
+namespace pk = pagedllm::kernels;
+
+namespace {
+
+// One layer of paged K/V in storage type `ct`, sequences scattered over permuted blocks.
+struct Cache {
+  pk::CacheType ct;
+  int kvh, heads, hd, bs, num_blocks = 0, max_blocks = 0;
+  std::vector<int> lens;
+  std::vector<uint8_t> k, v;    // [num_blocks, kvh, bs, hd] elements of ct
+  std::vector<int32_t> tables;  // [num_seqs, max_blocks]
+  std::vector<int32_t> ctx;     // [num_seqs] context lengths
+  float k_scale, v_scale;
+
+  Cache(pk::CacheType t, int kv_heads, int q_heads, int head_dim, int block, std::vector<int> l)
+      : ct(t), kvh(kv_heads), heads(q_heads), hd(head_dim), bs(block), lens(std::move(l)),
+        ctx(lens.begin(), lens.end()) {
+    const bool fp8 = ct == pk::CacheType::kFp8E4M3 || ct == pk::CacheType::kFp8E5M2;
+    k_scale = fp8 ? 0.5f : 1.0f;
+    v_scale = fp8 ? 1.5f : 1.0f;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> n01;
+    for (int len : lens) max_blocks = std::max(max_blocks, std::max(1, (len + bs - 1) / bs));
+    num_blocks = static_cast<int>(lens.size()) * max_blocks;
+    const size_t elems = static_cast<size_t>(num_blocks) * kvh * bs * hd;
+    k.resize(elems * pk::element_size(ct));
+    v.resize(k.size());
+    for (size_t i = 0; i < elems; ++i) {
+      pk::store_cache_scalar(k.data(), ct, static_cast<int64_t>(i), n01(rng));
+      pk::store_cache_scalar(v.data(), ct, static_cast<int64_t>(i), n01(rng));
+    }
+    tables.resize(num_blocks);
+    std::iota(tables.begin(), tables.end(), 0);
+    std::shuffle(tables.begin(), tables.end(), rng);
+  }
+
+  pk::AttentionParams params(float* out, const float* q, int num_tokens) {
+    pk::AttentionParams p;
+    p.out = out;
+    p.query = q;
+    p.out_token_stride = p.query_token_stride = heads * hd;
+    p.out_head_stride = p.query_head_stride = hd;
+    p.num_tokens = num_tokens;
+    p.num_heads = heads;
+    p.cache.key_cache = k.data();
+    p.cache.value_cache = v.data();
+    p.cache.key_block_stride = p.cache.value_block_stride = static_cast<int64_t>(kvh) * bs * hd;
+    p.cache.num_blocks = num_blocks;
+    p.cache.num_kv_heads = kvh;
+    p.cache.block_size = bs;
+    p.cache.head_dim = hd;
+    p.cache.dtype = ct;
+    p.cache.k_scale = k_scale;
+    p.cache.v_scale = v_scale;
+    p.block_tables = tables.data();
+    p.block_table_stride = max_blocks;
+    p.max_blocks_per_seq = max_blocks;
+    p.context_lens = ctx.data();
+    p.num_seqs = static_cast<int>(lens.size());
+    p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    return p;
+  }
+
+  // Element d of token t of KV head g of sequence s, as stored (times the fp8 scale).
+  double at(const std::vector<uint8_t>& c, float scale, int s, int g, int t, int d) const {
+    const int b = tables[s * max_blocks + t / bs];
+    const int64_t i = ((static_cast<int64_t>(b) * kvh + g) * bs + t % bs) * hd + d;
+    return static_cast<double>(pk::load_cache_scalar(c.data(), ct, i)) * scale;
+  }
+
+  // Double-precision attention of query row q (head h of sequence s) over keys [0, limit).
+  std::vector<double> reference(const float* q, int s, int h, int limit) const {
+    const int g = h / (heads / kvh);
+    std::vector<double> scores(limit), out(hd, 0.0);
+    double m = -INFINITY, sum = 0.0;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    for (int t = 0; t < limit; ++t) {
+      double dot = 0.0;
+      for (int d = 0; d < hd; ++d) dot += q[d] * at(k, k_scale, s, g, t, d);
+      scores[t] = dot * scale;
+      m = std::max(m, scores[t]);
+    }
+    for (int t = 0; t < limit; ++t) {
+      const double w = std::exp(scores[t] - m);
+      sum += w;
+      for (int d = 0; d < hd; ++d) out[d] += w * at(v, v_scale, s, g, t, d);
+    }
+    for (auto& x : out) x = sum > 0 ? x / sum : 0.0;
+    return out;
+  }
+};
+
+// |out - ref| <= 2e-5 * max(1, max|ref|): float32 accumulation over a few hundred tokens.
+void expect_close(const float* out, const std::vector<double>& ref, const std::string& what) {
+  double mx = 1.0;
+  for (double r : ref) mx = std::max(mx, std::abs(r));
+  for (size_t d = 0; d < ref.size(); ++d) {
+    ASSERT_FALSE(std::isnan(out[d])) << what << " d=" << d;
+    ASSERT_NEAR(out[d], ref[d], 2e-5 * mx) << what << " d=" << d;
+  }
+}
+
+using Case = std::tuple<std::string, pk::CacheType>;  // engine, storage type
+
+class EngineStorage : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    const auto ok = pk::available_cpu_engines();
+    if (std::find(ok.begin(), ok.end(), std::get<0>(GetParam())) == ok.end()) {
+      GTEST_SKIP() << "engine " << std::get<0>(GetParam()) << " not available on this CPU";
+    }
+    pk::set_cpu_engine(std::get<0>(GetParam()));
+  }
+  void TearDown() override { pk::set_cpu_engine("auto"); }
+  pk::CacheType ct() const { return std::get<1>(GetParam()); }
+};
+
+// Decode of every sequence of `c` (one query token each) against the reference.
+void check_decode(Cache& c, const std::string& what) {
+  const int n = static_cast<int>(c.lens.size());
+  std::vector<float> q(static_cast<size_t>(n) * c.heads * c.hd), out(q.size(), NAN);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> n01;
+  for (auto& x : q) x = n01(rng);
+  pk::paged_attention_decode(c.params(out.data(), q.data(), n));
+  for (int s = 0; s < n; ++s)
+    for (int h = 0; h < c.heads; ++h) {
+      const size_t row = (static_cast<size_t>(s) * c.heads + h) * c.hd;
+      expect_close(out.data() + row, c.reference(q.data() + row, s, h, c.lens[s]),
+                   what + " seq " + std::to_string(s) + " head " + std::to_string(h));
+    }
+}
+
+}  // namespace
+
+TEST_P(EngineStorage, DecodeHeadDimTailsAndGroups) {
+  for (int hd : {8, 24, 40, 128, 136, 264}) {
+    for (auto [heads, kvh] : {std::pair{8, 1}, std::pair{6, 2}, std::pair{16, 2}, std::pair{2, 2}}) {
+      Cache c(ct(), kvh, heads, hd, 16, {1, 15, 17, 40});
+      check_decode(c, "hd " + std::to_string(hd) + " group " + std::to_string(heads / kvh));
+    }
+  }
+}
+
+TEST_P(EngineStorage, DecodeBlockSizesAndLongContext) {
+  for (int bs : {1, 3, 64, 256}) {
+    Cache c(ct(), 2, 8, 72, bs, {1, bs, bs + 1, 300});
+    check_decode(c, "block " + std::to_string(bs));
+  }
+  Cache c(ct(), 1, 4, 64, 16, {1500});  // one sequence: split-K partitions, merged
+  check_decode(c, "split-K");
+}
+
+TEST_P(EngineStorage, ContextZeroGivesZeros) {
+  Cache c(ct(), 2, 4, 40, 4, {5, 0});
+  std::vector<float> q(static_cast<size_t>(2) * c.heads * c.hd, 0.5f), out(q.size(), NAN);
+  pk::paged_attention_decode(c.params(out.data(), q.data(), 2));
+  for (size_t i = static_cast<size_t>(c.heads) * c.hd; i < out.size(); ++i) ASSERT_EQ(out[i], 0.0f);
+  for (int h = 0; h < c.heads; ++h)
+    expect_close(out.data() + h * c.hd, c.reference(q.data() + h * c.hd, 0, h, 5), "seq 0");
+}
+
+TEST_P(EngineStorage, PrefillCausalRows) {
+  Cache c(ct(), 2, 8, 136, 16, {9, 150});
+  const std::vector<int32_t> cu = {0, 3, 3 + 70};  // 3 new tokens of the first, 70 of the second
+  const int tokens = cu.back();
+  std::vector<float> q(static_cast<size_t>(tokens) * c.heads * c.hd), out(q.size(), NAN);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> n01;
+  for (auto& x : q) x = n01(rng);
+  pk::AttentionParams p = c.params(out.data(), q.data(), tokens);
+  p.cu_seqlens_q = cu.data();
+  pk::paged_attention_prefill(p);
+  for (int s = 0; s < 2; ++s) {
+    const int q_len = cu[s + 1] - cu[s];
+    for (int i = 0; i < q_len; ++i)
+      for (int h = 0; h < c.heads; ++h) {
+        const size_t row = (static_cast<size_t>(cu[s] + i) * c.heads + h) * c.hd;
+        expect_close(out.data() + row, c.reference(q.data() + row, s, h, c.lens[s] - q_len + i + 1),
+                     "prefill seq " + std::to_string(s) + " token " + std::to_string(i));
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllEnginesAllStorage, EngineStorage,
+    ::testing::Combine(::testing::Values("generic", "avx2", "avx512"),
+                       ::testing::Values(pk::CacheType::kFloat32, pk::CacheType::kFloat16,
+                                         pk::CacheType::kBFloat16, pk::CacheType::kFp8E4M3,
+                                         pk::CacheType::kFp8E5M2)),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return std::get<0>(info.param) + "_" + pk::cache_type_name(std::get<1>(info.param));
+    });

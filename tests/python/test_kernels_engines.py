@@ -1,0 +1,81 @@
+"""Choosing the CPU attention engine: the default, set_cpu_engine, PAGEDLLM_CPU_ENGINE, and the
+errors for engines that are unknown, not compiled in, or beyond this CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cpu_engines import ENGINES, restore
+from pagedllm import _core
+
+PYTHON_DIR = str(Path(__file__).resolve().parents[2] / "python")
+
+
+def test_default_is_the_best_available():
+    available = _core.cpu_engines()
+    assert available[-1] == "generic"
+    assert available == [e for e in ENGINES if e in available]  # best first
+    assert set(available) <= set(_core.build_info()["cpu_kernels_compiled"])
+    restore()
+    assert _core.get_cpu_engine() == available[0] == _core.cpu_kernel()
+
+
+def test_set_each_available_engine_and_back():
+    try:
+        for name in _core.cpu_engines():
+            _core.set_cpu_engine(name)
+            assert _core.get_cpu_engine() == name
+        _core.force_generic_kernels(True)
+        assert _core.get_cpu_engine() == "generic"
+    finally:
+        restore()
+    assert _core.get_cpu_engine() == _core.cpu_engines()[0]
+
+
+def test_unknown_or_unavailable_engine_is_a_clear_error():
+    before = _core.get_cpu_engine()
+    with pytest.raises(ValueError, match="unknown CPU engine 'sse9'"):
+        _core.set_cpu_engine("sse9")
+    for name in ENGINES:
+        if name not in _core.cpu_engines():
+            with pytest.raises(ValueError, match=name):
+                _core.set_cpu_engine(name)
+    assert _core.get_cpu_engine() == before  # unchanged by a failed call
+
+
+def test_avx512_needs_its_features():
+    features = set(_core.build_info()["cpu_features"])
+    has = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= features
+    if "avx512" in _core.build_info()["cpu_kernels_compiled"]:
+        assert ("avx512" in _core.cpu_engines()) == has
+
+
+def run_with_env(value: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PAGEDLLM_CPU_ENGINE=value,
+               PYTHONPATH=os.pathsep.join([PYTHON_DIR, os.environ.get("PYTHONPATH", "")]))
+    code = ("import torch; from pagedllm import _core; q = torch.zeros(1, 2, 8); "
+            "c = torch.zeros(1, 2, 4, 8); t = torch.zeros(1, 1, dtype=torch.int32); "
+            "_core.paged_attention_decode(torch.empty_like(q), q, c, c, t, "
+            "torch.ones(1, dtype=torch.int32), 1.0); print(_core.get_cpu_engine())")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_environment_variable_forces_an_engine():
+    for name in _core.cpu_engines():
+        r = run_with_env(name)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == name
+    r = run_with_env("auto")
+    assert r.stdout.strip() == _core.cpu_engines()[0], r.stderr
+
+
+def test_environment_variable_with_a_bad_engine_fails_the_call():
+    r = run_with_env("bogus")
+    assert r.returncode != 0
+    assert "PAGEDLLM_CPU_ENGINE" in r.stderr and "bogus" in r.stderr
