@@ -42,13 +42,26 @@ _GAUGES = (
     ("num_requests_waiting", "num_requests_waiting", "Requests queued (new or preempted)."),
     ("kv_cache_used_blocks", "used_blocks", "KV blocks referenced by a running sequence."),
     ("kv_cache_num_blocks", "num_blocks", "KV blocks in the pool."),
+    ("num_requests_swapped", "num_swapped_seqs", "Sequences whose KV blocks are in the host pool."),
+    ("disk_records", "disk_records", "Records in the persistent KV store."),
+    ("disk_bytes", "disk_bytes", "Bytes of the persistent KV store."),
+    ("disk_write_queue", "disk_write_queue", "Blocks waiting to be written to the store."),
+    ("disk_load_ms_per_block", "disk_load_ms_per_block",
+     "Mean time to read and verify one block from the store (ms)."),
 )
 _COUNTERS = (
     ("prompt_tokens", "num_prompt_tokens", "Prompt tokens of accepted requests."),
     ("generation_tokens", "num_generation_tokens", "Tokens generated."),
     ("prefix_cache_queries", "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
     ("prefix_cache_hits", "prefix_cache_hits", "Prompt tokens served from the prefix cache."),
-    ("num_preemptions", "num_preemptions", "Sequences preempted (blocks freed, recomputed later)."),
+    ("num_preemptions", "num_preemptions", "Sequences preempted (swapped out or freed)."),
+    ("num_swap_outs", "num_swap_outs", "Sequences preempted by swapping their blocks out."),
+    ("disk_hit_tokens", "disk_hit_tokens", "Prompt tokens loaded from the persistent store."),
+    ("disk_lookup_tokens", "disk_lookup_tokens", "Prompt tokens looked up in the store."),
+    ("disk_bytes_read", "disk_bytes_read", "Bytes read from the persistent store."),
+    ("disk_bytes_written", "disk_bytes_written", "Bytes written to the persistent store."),
+    ("disk_failed_writes", "disk_failed_writes", "Writes to the store that failed."),
+    ("num_failed_steps", "num_failed_steps", "Steps whose errors failed their requests."),
 )
 
 

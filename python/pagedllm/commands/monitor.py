@@ -11,6 +11,8 @@ metrics (--metric, repeatable or comma-separated; default: all):
   gen_throughput  generated tokens/s        prompt_throughput  prompt tokens/s
   ttft            mean time to first token  itl          mean inter-token latency
   e2e             mean request latency      requests     requests finished, by reason
+  swapped         sequences in the host pool
+  disk_hits       prompt tokens loaded from the persistent store / looked up there
   or any metric name of /metrics (with or without the 'pagedllm:' prefix)
 
 examples:
@@ -118,6 +120,12 @@ def _hits(cur: Snapshot, prev: Optional[Snapshot]) -> str:
     return f"{100 * h / q:.1f}% ({h:.0f}/{q:.0f} tokens)" if q else "-"
 
 
+def _disk_hits(cur: Snapshot, prev: Optional[Snapshot]) -> str:
+    q = cur[1].get(P + "disk_lookup_tokens_total", 0.0)
+    h = cur[1].get(P + "disk_hit_tokens_total", 0.0)
+    return f"{100 * h / q:.1f}% ({h:.0f}/{q:.0f} tokens)" if q else "-"
+
+
 def _requests(cur: Snapshot, prev: Optional[Snapshot]) -> str:
     prefix = P + "request_success_total{"
     parts = [f"{k[len(prefix):].split('=', 1)[1].rstrip('}')} {v:.0f}"
@@ -137,6 +145,8 @@ VIEWS: Dict[str, Tuple[str, Callable]] = {
     "itl": ("mean inter-token", _mean(P + "inter_token_latency_seconds")),
     "e2e": ("mean latency", _mean(P + "e2e_request_latency_seconds", unit_ms=False)),
     "requests": ("requests finished", _requests),
+    "swapped": ("sequences swapped", _plain(P + "num_requests_swapped")),
+    "disk_hits": ("disk tier hits", _disk_hits),
 }
 
 
