@@ -14,13 +14,17 @@ JOBS="${JOBS:-$(nproc)}"
 step() { printf '\n=== %s ===\n' "$*"; }
 
 step "system packages"
-if [ ! -e /usr/include/gtest/gtest.h ]; then
+# GoogleTest for the C++ tests; RocksDB so that the block store's rocksdb backend is built and
+# tested (the wheel and the core build without it: PAGEDLLM_ROCKSDB=AUTO).
+if [ ! -e /usr/include/gtest/gtest.h ] || [ ! -e /usr/include/rocksdb/db.h ]; then
   if command -v apt-get >/dev/null; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libgtest-dev >/dev/null
-  else
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libgtest-dev librocksdb-dev >/dev/null
+  elif [ ! -e /usr/include/gtest/gtest.h ]; then
     echo "GoogleTest is missing: install libgtest-dev (or your OS's googletest package)" >&2
     exit 1
+  else
+    echo "RocksDB is missing: the rocksdb block store backend is not built or tested" >&2
   fi
 fi
 
@@ -40,6 +44,12 @@ cmake -S "$ROOT" -B "$BUILD/asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPAGEDLLM_S
 cmake --build "$BUILD/asan" -j "$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir "$BUILD/asan" --output-on-failure -j "$JOBS"
+
+step "block store backends compiled into the wheel"
+"$PY" -c "import pagedllm._core as c; print(c.build_info()['block_store_backends'])"
+if [ -e /usr/include/rocksdb/db.h ]; then
+  "$PY" -c "import pagedllm._core as c; b = c.build_info()['block_store_backends']; assert 'rocksdb' in b, b"
+fi
 
 step "CUDA build path (compiled when nvcc is present; nothing runs it without a GPU)"
 if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then

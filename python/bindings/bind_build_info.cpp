@@ -46,11 +46,12 @@ void bind_build_info(py::module_& m) {
         if (f.avx512dq) cpu.append("avx512dq");
         if (f.avx512bf16) cpu.append("avx512bf16");
         d["cpu_features"] = cpu;
+        d["block_store_backends"] = compiled_block_store_backends();
         d["compiler"] = __VERSION__;
         return d;
       },
       "Build and run-time facts: version, cuda_compiled, cuda_runtime_version, "
-      "cuda_driver_version, gpu_count, gpu_names, cpu_kernels_compiled, cpu_features, compiler.");
+      "cuda_driver_version, gpu_count, gpu_names, cpu_kernels_compiled, cpu_features, block_store_backends, compiler.");
 }
 
 }  // namespace pagedllm::python

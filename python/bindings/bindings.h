@@ -8,6 +8,7 @@ namespace pagedllm::python {
 // Each registers one family of classes / functions on the module.
 void bind_build_info(pybind11::module_& m);
 void bind_core(pybind11::module_& m);
+void bind_store(pybind11::module_& m);      // bind_store.cpp: BlockStore, block_key
 void bind_kernels(pybind11::module_& m);  // bind_kernels.cpp, when the CPU kernels are built
 void bind_cuda(pybind11::module_& m);     // bind_cuda.cpp: submodule `cuda`, when CUDA is built
 

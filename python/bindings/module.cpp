@@ -1,6 +1,6 @@
 // PYBIND11_MODULE(_core): wires the binding units together and maps pagedllm::Error to
 // Python exceptions (kInvalidArgument -> ValueError, kOutOfRange -> IndexError,
-// kInvalidState -> RuntimeError).
+// kInvalidState -> RuntimeError, kIo -> OSError).
 #include <pybind11/pybind11.h>
 
 #include "bindings.h"
@@ -24,6 +24,9 @@ PYBIND11_MODULE(_core, m) {
         case pagedllm::ErrorKind::kInvalidState:
           PyErr_SetString(PyExc_RuntimeError, e.what());
           return;
+        case pagedllm::ErrorKind::kIo:
+          PyErr_SetString(PyExc_OSError, e.what());
+          return;
       }
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }
@@ -31,6 +34,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("__version__") = PAGEDLLM_VERSION;
   pagedllm::python::bind_build_info(m);
   pagedllm::python::bind_core(m);
+  pagedllm::python::bind_store(m);
 #ifdef PAGEDLLM_WITH_KERNELS
   pagedllm::python::bind_kernels(m);
 #endif

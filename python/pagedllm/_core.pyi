@@ -11,7 +11,61 @@ IntArray = Union[Sequence[int], npt.NDArray[np.integer]]
 
 def build_info() -> dict[str, Any]:
     """version, cuda_compiled, cuda_runtime_version, cuda_driver_version, gpu_count, gpu_names,
-    cpu_kernels_compiled, cpu_features, compiler."""
+    cpu_kernels_compiled, cpu_features, block_store_backends (["file"] or ["file", "rocksdb"]),
+    compiler."""
+
+# ---- persistent KV block store (block_store.h) ----------------------------------------------
+
+ROOT_BLOCK_KEY: bytes
+"""The parent key (16 bytes) of a sequence's first block."""
+
+def block_key(parent: bytes, tokens: IntArray, extra_key: int = 0) -> bytes:
+    """128-bit chained content key (XXH3-128) of one block: parent key (16 bytes), the block's
+    token ids (int32), an extra key (tenant salt, image hash). Returns 16 bytes; stable across
+    processes and machines (``key.hex()`` is the record's file name)."""
+
+class BlockStore:
+    """Persistent content-addressed KV block store; ``backend`` is "file" (always built) or
+    "rocksdb" (when built with RocksDB: see ``build_info()["block_store_backends"]``).
+
+    Thread-safe; every call that touches the disk releases the GIL. Payloads are any
+    C-contiguous CPU buffer (numpy array, bytes, bytearray, memoryview, or a tensor exporting
+    DLPack, e.g. a torch CPU tensor). Opening raises OSError for an unusable path (not
+    creatable, a regular file, no permission, read-only) or one already open (the lock), and
+    ValueError for an unknown or not-compiled backend. Calls on a closed store raise
+    RuntimeError."""
+    def __init__(self, path: str, backend: str = "file", max_bytes: int = 0,
+                 fsync: bool = False) -> None: ...
+    def put(self, key: bytes, fingerprint: str, block_size: int, tokens: IntArray,
+            payload: Any) -> bool:
+        """True once the record is visible; False on a write failure (disk full, EROFS,
+        EACCES) or a record over max_bytes. Never raises for I/O."""
+    def get_into(self, key: bytes, fingerprint: str, block_size: int, tokens: IntArray,
+                 out: Any) -> bool:
+        """Writes the verified payload into the writable buffer ``out`` (exactly its size).
+        False on a miss: absent, header mismatch or corrupt (both erased), or a size mismatch
+        (kept); ``out`` is then unspecified."""
+    def get(self, key: bytes, fingerprint: str, block_size: int,
+            tokens: IntArray) -> Optional[bytes]: ...
+    def contains(self, key: bytes) -> bool:
+        """Whether a record is indexed (no disk access; a later get may still miss)."""
+    def __contains__(self, key: bytes) -> bool: ...
+    def erase(self, key: bytes) -> bool: ...
+    def keys(self) -> list[bytes]: ...
+    def __len__(self) -> int: ...
+    def stats(self) -> dict[str, Any]:
+        """backend, path, records, bytes (on disk), max_bytes, hits, misses, corrupt_dropped,
+        mismatch_dropped, bytes_read, bytes_written, puts, write_errors, evictions."""
+    def close(self) -> None:
+        """Releases the store and its lock (once calls in flight return); idempotent."""
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    def __enter__(self) -> "BlockStore": ...
+    def __exit__(self, *args: Any) -> None: ...
 
 class BlockAllocator:
     """Bitmap pool of KV blocks with per-block refcounts (not thread-safe)."""

@@ -29,4 +29,7 @@ std::string version();
 // Names of the CPU kernel variants compiled into this build, e.g. {"generic", "avx2"}.
 std::vector<std::string> compiled_cpu_kernels();
 
+// Block store backends compiled into this build: {"file"} or {"file", "rocksdb"}.
+std::vector<std::string> compiled_block_store_backends();
+
 }  // namespace pagedllm

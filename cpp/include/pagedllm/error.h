@@ -2,7 +2,7 @@
 //
 // Bad input (a wrong shape, an out-of-range id, a double free) throws pagedllm::Error with a
 // message naming the thing that is wrong and what was expected. The kind tells the binding
-// layer which Python exception to raise (ValueError, IndexError, RuntimeError). Running out of
+// layer which Python exception to raise (ValueError, IndexError, RuntimeError, OSError). Running out of
 // memory blocks is never an exception: it is a normal result (false / std::nullopt).
 // Internal invariants use PAGEDLLM_ASSERT, compiled in unless NDEBUG is set.
 // Thread-safety: stateless; safe from any thread.
@@ -18,6 +18,7 @@ enum class ErrorKind {
   kInvalidArgument,  // a value of the wrong shape, type or range -> ValueError
   kOutOfRange,       // an index / id outside its container      -> IndexError
   kInvalidState,     // a call that the object's state forbids    -> RuntimeError
+  kIo,               // a file or directory that cannot be used   -> OSError
 };
 
 class Error : public std::runtime_error {
@@ -54,6 +55,7 @@ namespace detail {
   PAGEDLLM_CHECK_KIND(cond, ::pagedllm::ErrorKind::kOutOfRange, msg)
 #define PAGEDLLM_CHECK_STATE(cond, msg) \
   PAGEDLLM_CHECK_KIND(cond, ::pagedllm::ErrorKind::kInvalidState, msg)
+#define PAGEDLLM_CHECK_IO(cond, msg) PAGEDLLM_CHECK_KIND(cond, ::pagedllm::ErrorKind::kIo, msg)
 
 #ifdef NDEBUG
 #define PAGEDLLM_ASSERT(cond) ((void)0)
