@@ -42,14 +42,18 @@ logger = logging.getLogger("pagedllm")
 LAYOUT = "pagedllm-block-major-v1:[layers,2,kv_heads,block_size,head_dim]"
 
 
-def model_fingerprint(model_path: str, parts: Sequence[str]) -> str:
-    """A digest of what shapes a block's bytes: config.json, every safetensors header (names,
-    shapes, dtypes, offsets) with its file's size, plus `parts` (dtypes, scales, block size,
-    layout).
+def model_fingerprint(model_path: str, parts: Sequence[str], samples: int = 16,
+                      sample_bytes: int = 1 << 16) -> str:
+    """A digest of what shapes a block's bytes: config.json; for every safetensors file its
+    header (names, shapes, dtypes, offsets), its size and `samples` evenly spaced slices of
+    `sample_bytes` of its weights (fine-tuned or re-initialised weights differ in all of them;
+    reading every byte of a multi-GB checkpoint at each start would cost seconds); plus `parts`
+    (model dtype, KV dtype and scales, block size, layout).
 
     Args:
         model_path: the checkpoint directory.
         parts: further strings that must match for a block to be reusable.
+        samples, sample_bytes: the weight slices hashed per file.
     Returns:
         A hex digest (sha256).
     """
@@ -60,11 +64,16 @@ def model_fingerprint(model_path: str, parts: Sequence[str]) -> str:
         if not name.endswith(".safetensors"):
             continue
         path = os.path.join(model_path, name)
+        size = os.path.getsize(path)
         with open(path, "rb") as f:
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else 0
-            h.update(name.encode() + head + f.read(min(n, 1 << 26)))
-        h.update(str(os.path.getsize(path)).encode())
+            h.update(name.encode() + head + f.read(min(n, 1 << 26)) + str(size).encode())
+            start = 8 + n
+            span = max(size - start - sample_bytes, 0)
+            for i in range(samples):
+                f.seek(start + span * i // max(samples - 1, 1))
+                h.update(f.read(sample_bytes))
     for p in parts:
         h.update(b"\0" + p.encode())
     return h.hexdigest()

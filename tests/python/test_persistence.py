@@ -1,0 +1,172 @@
+"""The persistent KV tier end to end: outputs identical with a cold store, a warm store and after
+a restart; corrupt or foreign records are misses; a store that fails leaves the engine serving."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import pytest
+
+from engine_fixtures import ENGINE_MODEL, engine_model_dir, mixed_prompts  # noqa: F401
+from pagedllm import LLM, SamplingParams
+from pagedllm.config import EngineConfig
+
+MAX_TOKENS = 8
+
+
+def tok(prompts):
+    return [{"prompt_token_ids": p} for p in prompts]
+
+
+def greedy():
+    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    # Long prompts sharing nothing, plus two that share a 48-token prefix.
+    ps = mixed_prompts(6, seed=21, lo=40, hi=90)
+    return ps + [ps[0][:48] + [7, 8, 9], ps[0][:48] + [10, 11]]
+
+
+def engine(model_dir, path, **kw):
+    kw.setdefault("kv_cache_dtype", "auto")
+    return LLM(model_dir, block_size=8, num_kv_blocks=256, seed=0,
+               persistence={"storage_path": str(path), **kw.pop("persistence", {})}, **kw)
+
+
+def run(llm, prompts):
+    outs = llm.generate(tok(prompts), greedy(), use_tqdm=False)
+    llm.engine.tier.flush()  # the writes are asynchronous: let them land before looking
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp16", "bf16", "fp8"])
+def test_cold_warm_and_restart_match_no_persistence(engine_model_dir, prompts, tmp_path,
+                                                    kv_dtype):
+    plain = LLM(engine_model_dir, block_size=8, num_kv_blocks=256, kv_cache_dtype=kv_dtype,
+                enable_prefix_caching=False)
+    ref = [o.outputs[0].token_ids for o in plain.generate(tok(prompts), greedy(),
+                                                             use_tqdm=False)]
+    store = tmp_path / "kv"
+    cold = engine(engine_model_dir, store, kv_cache_dtype=kv_dtype)
+    assert run(cold, prompts) == ref
+    s = cold.kv_cache_stats()
+    assert s["disk_records"] > 0 and s["disk_bytes_written"] > 0, s
+    # Warm: the same engine again (memory prefix cache first, then disk).
+    assert run(cold, prompts) == ref
+    cold.engine.shutdown()
+    # Restart: a new engine on the same store, nothing in memory.
+    warm = engine(engine_model_dir, store, kv_cache_dtype=kv_dtype)
+    assert run(warm, prompts) == ref
+    s = warm.kv_cache_stats()
+    assert s["disk_hit_tokens"] >= 8 * len(prompts), s
+    assert s["used_blocks"] == 0
+    warm.engine.shutdown()
+
+
+def test_restart_with_another_model_or_dtype_never_hits(engine_model_dir, prompts, tmp_path):
+    from pagedllm.model import write_random_checkpoint
+
+    store = tmp_path / "kv"
+    first = engine(engine_model_dir, store)
+    run(first, prompts)
+    first.engine.shutdown()
+    other_dir = tmp_path / "other"
+    write_random_checkpoint(other_dir, preset=ENGINE_MODEL, seed=99, initializer_range=0.1)
+    other = engine(str(other_dir), store)
+    plain = LLM(str(other_dir), block_size=8, num_kv_blocks=256, enable_prefix_caching=False)
+    ref = [o.outputs[0].token_ids for o in plain.generate(tok(prompts), greedy(),
+                                                             use_tqdm=False)]
+    assert run(other, prompts) == ref
+    assert other.kv_cache_stats()["disk_hit_tokens"] == 0
+    other.engine.shutdown()
+    fp16 = engine(engine_model_dir, store, kv_cache_dtype="fp16")
+    run(fp16, prompts)
+    assert fp16.kv_cache_stats()["disk_hit_tokens"] == 0
+    fp16.engine.shutdown()
+
+
+def test_corrupt_records_are_misses_and_outputs_stay_right(engine_model_dir, prompts,
+                                                            tmp_path):
+    store = tmp_path / "kv"
+    first = engine(engine_model_dir, store)
+    ref = run(first, prompts)
+    first.engine.shutdown()
+    flipped = 0
+    for root, _, files in os.walk(store):
+        for name in files:
+            path = os.path.join(root, name)
+            if name == "LOCK" or os.path.getsize(path) < 64:
+                continue
+            with open(path, "r+b") as f:  # flip one payload byte near the end
+                f.seek(-5, os.SEEK_END)
+                b = f.read(1)
+                f.seek(-5, os.SEEK_END)
+                f.write(bytes([b[0] ^ 0xFF]))
+            flipped += 1
+    assert flipped > 0
+    again = engine(engine_model_dir, store)
+    assert run(again, prompts) == ref
+    s = again.kv_cache_stats()
+    assert s["disk_hit_tokens"] == 0 and s["disk_corrupt_dropped"] > 0, s
+    again.engine.shutdown()
+
+
+def test_a_store_removed_while_running_is_a_warning_not_an_outage(engine_model_dir, prompts,
+                                                                   tmp_path, caplog):
+    store = tmp_path / "kv"
+    llm = engine(engine_model_dir, store)
+    shutil.rmtree(store)
+    with caplog.at_level(logging.WARNING, logger="pagedllm"):
+        ref = run(llm, prompts)
+    plain = LLM(engine_model_dir, block_size=8, num_kv_blocks=256, enable_prefix_caching=False)
+    assert ref == [o.outputs[0].token_ids for o in plain.generate(tok(prompts), greedy(),
+                                                                     use_tqdm=False)]
+    s = llm.kv_cache_stats()
+    assert s["disk_failed_writes"] > 0, s
+    assert sum("persistent KV store" in r.message for r in caplog.records) == 1
+    llm.engine.shutdown()
+
+
+def test_two_engines_on_one_store_are_refused_clearly(engine_model_dir, tmp_path):
+    store = tmp_path / "kv"
+    first = engine(engine_model_dir, store)
+    with pytest.raises(ValueError, match="persistence.storage_path .* cannot open"):
+        engine(engine_model_dir, store)
+    first.engine.shutdown()
+
+
+def test_bad_storage_paths_are_config_errors(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ValueError, match="exists and is not a directory"):
+        EngineConfig(persistence={"storage_path": str(f)})
+    with pytest.raises(ValueError, match="parent directory .* does not exist"):
+        EngineConfig(persistence={"storage_path": str(f / "sub" / "kv")})
+    with pytest.raises(ValueError, match="unknown key 'persistence.hot'"):
+        EngineConfig(persistence={"storage_path": str(tmp_path), "hot": 1})
+
+
+def test_hot_blocks_threshold_writes_only_popular_blocks(engine_model_dir, prompts, tmp_path):
+    llm = engine(engine_model_dir, tmp_path / "kv", persistence={"hot_blocks_threshold": 2})
+    run(llm, prompts[:1])
+    assert llm.kv_cache_stats()["disk_records"] == 0  # computed once: not hot
+    run(llm, prompts[:1])  # served once from memory
+    assert llm.kv_cache_stats()["disk_records"] == 0
+    run(llm, prompts[:1])  # served twice: hot, written
+    assert llm.kv_cache_stats()["disk_records"] > 0
+    llm.engine.shutdown()
+
+
+def test_cli_flags_turn_the_tier_on(tmp_path):
+    from pagedllm import cli
+    from pagedllm.commands.common import engine_config
+
+    args = cli.build_parser().parse_args(["generate", "p", "--persistence-path",
+                                          str(tmp_path / "kv"), "--hot-blocks-threshold", "3"])
+    cfg = engine_config(args)
+    assert cfg.persistence.enabled and cfg.persistence.hot_blocks_threshold == 3
+    assert cfg.persistence.storage_path == str(tmp_path / "kv")
