@@ -170,3 +170,17 @@ def test_cli_flags_turn_the_tier_on(tmp_path):
     cfg = engine_config(args)
     assert cfg.persistence.enabled and cfg.persistence.hot_blocks_threshold == 3
     assert cfg.persistence.storage_path == str(tmp_path / "kv")
+
+
+def test_info_reports_the_store(engine_model_dir, prompts, tmp_path):
+    from pagedllm.commands.info import store_facts
+    from pagedllm.persistence_config import PersistenceConfig
+
+    cfg = PersistenceConfig(enabled=True, storage_path=str(tmp_path / "kv"))
+    assert store_facts(cfg)["state"] == "not created yet"
+    llm = engine(engine_model_dir, tmp_path / "kv")
+    run(llm, prompts)
+    assert store_facts(cfg)["state"].startswith("cannot open")  # held by the running engine
+    llm.engine.shutdown()
+    facts = store_facts(cfg)
+    assert facts["state"] == "ok" and facts["records"] > 0 and facts["bytes"] > 0

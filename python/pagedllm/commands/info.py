@@ -90,6 +90,8 @@ def format_facts(f: Dict[str, Any]) -> str:
         lines.append(f"  GPUs            {len(gpus)}" + (": " + ", ".join(gpus) if gpus else ""))
     else:
         lines.append("  CUDA            not compiled in (CPU only)")
+    lines.append(f"  KV stores       {', '.join(b.get('block_store_backends', [])) or 'none'} "
+                 f"(persistence backends compiled in)")
     t = f.get("torch")
     lines.append(f"  torch           {t['version']}, {t['threads']} threads" if t else
                  "  torch           not installed")
@@ -97,10 +99,36 @@ def format_facts(f: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def store_facts(persistence) -> Dict[str, Any]:
+    """What a config's persistent store holds: backend, path, records and bytes (opened and
+    closed again: a store a running engine holds is reported as in use)."""
+    from pagedllm import _core
+
+    out: Dict[str, Any] = {"backend": persistence.backend, "path": persistence.storage_path}
+    if not os.path.isdir(persistence.storage_path):
+        out["state"] = "not created yet"
+        return out
+    try:
+        store = _core.BlockStore(persistence.storage_path, persistence.backend,
+                                 persistence.max_bytes)
+    except Exception as e:  # noqa: BLE001 - locked, unreadable, backend missing
+        out["state"] = f"cannot open ({e})"
+        return out
+    try:
+        st = store.stats()
+        out.update(state="ok", records=st.get("records"), bytes=st.get("bytes"))
+    finally:
+        store.close()
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     facts = collect()
     if args.config:
-        facts["engine_config"] = dataclasses.asdict(engine_config(args))
+        cfg = engine_config(args)
+        facts["engine_config"] = dataclasses.asdict(cfg)
+        if cfg.persistence is not None and cfg.persistence.enabled:
+            facts["kv_store"] = store_facts(cfg.persistence)
     if args.json:
         print(json.dumps(facts, indent=2))
         return 0
@@ -109,4 +137,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"engine config ({args.config}):")
         for key, value in facts["engine_config"].items():
             print(f"  {key:<24}{value}")
+    if "kv_store" in facts:
+        st = facts["kv_store"]
+        detail = (f"{st['records']} records, {st['bytes']} bytes" if st.get("state") == "ok"
+                  else st["state"])
+        print(f"persistent KV store: {st['backend']} at {st['path']}: {detail}")
     return 0
