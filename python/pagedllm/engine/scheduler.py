@@ -521,9 +521,12 @@ class Scheduler:
             return staged[first - p0:]
         if tier.pending(rid):
             return None
+        if req.disk_miss_at == first:
+            return []  # looked up already while the request waited for room
         tier.disk_lookup_tokens += (limit - first) * bs
         n = tier.lookup(keys, first, limit)
         if n == 0:
+            req.disk_miss_at = first
             return []
         blocks = [np.asarray(req.prompt_token_ids[j * bs:(j + 1) * bs], dtype=np.int32)
                   for j in range(first, first + n)]

@@ -138,6 +138,7 @@ class Request:
         self.block_hashes: Any = None  # uint64 [full prompt blocks], made once at admission
         self.persistent_keys: Optional[list] = None  # disk-tier keys of full prompt blocks
         self.disk_first = 0  # first block of the running disk prefetch
+        self.disk_miss_at = -1  # block index whose disk lookup found nothing
         self.error: Optional[str] = None  # why the engine failed this request, if it did
         self.seqs: List[Sequence] = [Sequence(self, 0, prompt_token_ids, self.make_generator(0))]
 
