@@ -1,5 +1,5 @@
 """Time to first token of a long prompt seen before a restart: loaded from the persistent KV
-tier vs recomputed.
+tier vs recomputed; and a Zipf trace over long documents across a restart (P50/P99).
 
 For each (model, prompt length): engine A (persistence on, empty store) computes the prompt
 and writes its blocks; A is shut down (a restart: nothing stays in memory); engine B on the
@@ -105,6 +105,62 @@ def measure(cfg: PersistenceBenchConfig) -> dict:
     return {"rows": rows, "machine": machine_info(), "config": cfg.__dict__}
 
 
+def measure_trace(preset: str = "tiny", docs: int = 12, doc_tokens: Tuple[int, int] = (2048, 4096),
+                  requests: int = 48, zipf_a: float = 1.2, pool_docs: float = 2.5,
+                  bs: int = 16, seed: int = 0) -> dict:
+    """The seed's scenario, scaled to this CPU: requests over long documents with Zipf
+    popularity (a document + a fresh 16-token question each), a KV pool that holds about
+    `pool_docs` documents, served one at a time; first half before a restart, second half after.
+    P50/P99 TTFT and end-to-end latency (max_tokens 8) with and without persistence.
+    """
+    import random
+
+    from pagedllm import LLM, SamplingParams
+
+    rng = random.Random(seed)
+    lengths = [rng.randint(*doc_tokens) for _ in range(docs)]
+    texts = [[rng.randrange(3, 4000) for _ in range(n)] for n in lengths]
+    weights = [1 / (i + 1) ** zipf_a for i in range(docs)]
+    order = rng.choices(range(docs), weights, k=requests)
+    prompts = [texts[d] + [rng.randrange(3, 4000) for _ in range(16)] for d in order]
+    path = checkpoint(dict(checkpoint_preset(preset),
+                           max_position_embeddings=max(doc_tokens[1] + 64, 4096)))
+    blocks = int(pool_docs * sum(lengths) / docs / bs) + 64
+    sp = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    out = {}
+    for mode in ("memory only", "persistence"):
+        store = tempfile.mkdtemp(prefix="pagedllm-kv-") if mode == "persistence" else None
+        ttft, e2e = [], []
+        try:
+            half = len(prompts) // 2
+            for phase in (prompts[:half], prompts[half:]):  # a restart between the halves
+                kw = dict(block_size=bs, num_kv_blocks=blocks, max_model_len=doc_tokens[1] + 64)
+                if store:
+                    kw["persistence"] = {"storage_path": store}
+                llm = LLM(path, **kw)
+                for p in phase:
+                    t0 = time.perf_counter()
+                    (o,) = llm.generate([{"prompt_token_ids": p}], sp, use_tqdm=False)
+                    m = o.metrics
+                    ttft.append(m["first_token_time"] - m["arrival_time"])
+                    e2e.append(time.perf_counter() - t0)
+                if store:
+                    llm.engine.shutdown()
+        finally:
+            if store:
+                shutil.rmtree(store, ignore_errors=True)
+        q = statistics.quantiles
+        out[mode] = {"ttft_p50_s": statistics.median(ttft), "ttft_p99_s": q(ttft, n=100)[98],
+                     "e2e_p50_s": statistics.median(e2e), "e2e_p99_s": q(e2e, n=100)[98]}
+        print(mode, {k: round(v, 3) for k, v in out[mode].items()}, flush=True)
+    mem, per = out["memory only"], out["persistence"]
+    out["p99_ttft_change"] = per["ttft_p99_s"] / mem["ttft_p99_s"] - 1
+    out["p99_e2e_change"] = per["e2e_p99_s"] / mem["e2e_p99_s"] - 1
+    out["setup"] = dict(preset=preset, docs=docs, doc_tokens=doc_tokens, requests=requests,
+                        zipf_a=zipf_a, pool_blocks=blocks, block_size=bs)
+    return out
+
+
 def checkpoint_preset(name: str) -> dict:
     from pagedllm.model.checkpoint import PRESETS
 
@@ -116,7 +172,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     cfg = PersistenceBenchConfig.quick() if args.quick else PersistenceBenchConfig()
-    write_results("persistence", measure(cfg))
+    res = measure(cfg)
+    res["trace"] = (measure_trace(docs=4, doc_tokens=(256, 512), requests=8) if args.quick
+                    else measure_trace())
+    write_results("persistence", res)
 
 
 if __name__ == "__main__":
