@@ -146,6 +146,14 @@ def test_torch_tensor_payload(tmp_path, backend):
         dst = torch.zeros_like(block)
         assert s.get_into(k, FP, BS, t, dst)
         assert torch.equal(dst, block)
+        # Block-major KV pool (docs/ARCHITECTURE.md, "KV pool layout"): pool[b] is one block.
+        pool = torch.randn(6, 8, 2, 4, 16, 8).to(torch.bfloat16)
+        assert s.put(key_of(6), FP, BS, tokens_of(6), pool[2])
+        assert s.get_into(key_of(6), FP, BS, tokens_of(6), pool[4])
+        assert torch.equal(pool[4], pool[2])
+        u8 = pool.view(torch.uint8)  # fp8 pools are uint8 bytes
+        assert s.get_into(key_of(6), FP, BS, tokens_of(6), u8[5])
+        assert torch.equal(pool[5], pool[2])
         # A non-contiguous view is refused with a clear error.
         with pytest.raises(ValueError):
             s.put(k, FP, BS, t, block.transpose(0, 1))
