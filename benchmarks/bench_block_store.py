@@ -1,7 +1,7 @@
 """Persistent KV block store throughput (pagedllm._core.BlockStore), every compiled backend.
 
 Records are KV blocks of the "small" preset: 16 tokens x 8 layers x 2 (K, V) x 4 KV heads x
-128 dims x 4 bytes (fp32) = 256 KiB each. Measures, per backend:
+64 head dims (hidden 1024 / 16 heads) x 4 bytes (fp32 KV) = 256 KiB each. Measures, per backend:
 - put: MB/s and records/s writing N fresh records (fsync off, the engine's default; the file
   backend also with fsync on);
 - get_into: MB/s and records/s reading them back into a preallocated block (verify included),
@@ -25,8 +25,8 @@ from benchmarks.common import write_results
 from pagedllm import _core
 
 BLOCK_TOKENS = 16
-BLOCK_BYTES = BLOCK_TOKENS * 8 * 2 * 4 * 128 * 4  # 256 KiB
-FINGERPRINT = "bench-small|float32|layers8-kv4-d128"
+BLOCK_BYTES = BLOCK_TOKENS * 8 * 2 * 4 * 64 * 4  # 256 KiB
+FINGERPRINT = "bench-small|float32|layers8-kv4-d64"
 
 
 def _keys(n: int) -> list[tuple[bytes, np.ndarray]]:
@@ -95,7 +95,7 @@ def bench_backend(backend: str, n: int, root: str, fsync: bool = False) -> dict:
 def main() -> dict:
     """Runs every backend, prints a table and writes benchmarks/results/block_store.json."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=512, help="records per run (256 KiB each)")
+    parser.add_argument("--records", type=int, default=1024, help="records per run (256 KiB each)")
     parser.add_argument("--dir", default=None, help="directory on the disk to measure (default: a "
                         "temporary directory under $TMPDIR)")
     args = parser.parse_args()

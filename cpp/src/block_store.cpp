@@ -196,8 +196,35 @@ void IndexedStore::index_existing(const BlockKey& key, uint64_t size) {
     index_.erase(it);
   }
   lru_.push_back(key);
-  index_.emplace(key, Entry{size, std::prev(lru_.end())});
+  index_.emplace(key, Entry{size, next_gen_++, std::prev(lru_.end())});
   total_bytes_ += size;
+}
+
+uint64_t IndexedStore::gen_locked(const BlockKey& key) const {
+  auto it = index_.find(key);
+  return it == index_.end() ? 0 : it->second.gen;
+}
+
+uint64_t IndexedStore::begin_read(const BlockKey& key) const {
+  std::lock_guard<std::mutex> g(mu_);
+  check_open_locked();
+  return gen_locked(key);
+}
+
+void IndexedStore::end_read(const BlockKey& key, uint64_t gen, bool found, bool hit,
+                            size_t bytes_read) {
+  std::lock_guard<std::mutex> g(mu_);
+  stats_.bytes_read += bytes_read;
+  // Indexed but absent from storage (deleted behind our back): forget it, unless a put
+  // published a new record meanwhile.
+  if (!found && gen != 0 && gen_locked(key) == gen) unindex_locked(key);
+  if (hit) {
+    ++stats_.hits;
+    auto it = index_.find(key);
+    if (it != index_.end()) lru_.splice(lru_.end(), lru_, it->second.lru);
+  } else {
+    ++stats_.misses;
+  }
 }
 
 void IndexedStore::unindex_locked(const BlockKey& key) {
@@ -240,13 +267,14 @@ bool IndexedStore::put(const BlockKey& key, const RecordMeta& meta, const uint8_
       return false;
     }
     std::lock_guard<std::mutex> g(mu_);
+    if (closed_) discard(staged);
     if (closed_ || !publish(key, staged)) {
       ++stats_.write_errors;
       return false;
     }
     unindex_locked(key);
     lru_.push_back(key);
-    index_.emplace(key, Entry{size, std::prev(lru_.end())});
+    index_.emplace(key, Entry{size, next_gen_++, std::prev(lru_.end())});
     total_bytes_ += size;
     ++stats_.puts;
     stats_.bytes_written += size;
@@ -260,12 +288,13 @@ bool IndexedStore::put(const BlockKey& key, const RecordMeta& meta, const uint8_
   }
 }
 
-bool IndexedStore::verify(const BlockKey& key, const RecordMeta& expected,
+bool IndexedStore::verify(const BlockKey& key, uint64_t gen, const RecordMeta& expected,
                           const std::vector<uint8_t>& rec, size_t* offset, size_t* size) {
   const DecodeResult r = decode_record(rec.data(), rec.size(), key, expected, offset, size);
   if (r == DecodeResult::kOk) return true;
   std::lock_guard<std::mutex> g(mu_);
   if (closed_) return false;
+  if (gen_locked(key) != gen) return false;  // replaced since we read it: not ours to drop
   remove_record(key);
   unindex_locked(key);
   if (r == DecodeResult::kCorrupt) {
@@ -277,65 +306,40 @@ bool IndexedStore::verify(const BlockKey& key, const RecordMeta& expected,
 }
 
 bool IndexedStore::get_into(const BlockKey& key, const RecordMeta& expected, uint8_t* out, size_t n) {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    check_open_locked();
-  }
+  const uint64_t gen = begin_read(key);
   std::vector<uint8_t> rec;
   bool ok = false;
   bool found = false;
   try {
     found = read_record(key, &rec);
     size_t offset = 0, size = 0;
-    if (found && verify(key, expected, rec, &offset, &size) && size == n) {
+    if (found && verify(key, gen, expected, rec, &offset, &size) && size == n) {
       if (n > 0) std::memcpy(out, rec.data() + offset, n);
       ok = true;
     }
   } catch (const std::bad_alloc&) {
     ok = false;
   }
-  std::lock_guard<std::mutex> g(mu_);
-  stats_.bytes_read += rec.size();
-  if (!found) unindex_locked(key);  // indexed but gone (deleted behind our back): forget it
-  if (ok) {
-    ++stats_.hits;
-    auto it = index_.find(key);
-    if (it != index_.end()) lru_.splice(lru_.end(), lru_, it->second.lru);
-  } else {
-    ++stats_.misses;
-  }
+  end_read(key, gen, found, ok, rec.size());
   return ok;
 }
 
 std::optional<std::vector<uint8_t>> IndexedStore::get(const BlockKey& key, const RecordMeta& expected) {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    check_open_locked();
-  }
+  const uint64_t gen = begin_read(key);
   std::vector<uint8_t> rec;
   std::optional<std::vector<uint8_t>> result;
   bool found = false;
   try {
     found = read_record(key, &rec);
     size_t offset = 0, size = 0;
-    if (found && verify(key, expected, rec, &offset, &size)) {
-      std::vector<uint8_t> payload(rec.begin() + static_cast<std::ptrdiff_t>(offset),
-                                   rec.begin() + static_cast<std::ptrdiff_t>(offset + size));
-      result = std::move(payload);
+    if (found && verify(key, gen, expected, rec, &offset, &size)) {
+      result.emplace(rec.begin() + static_cast<std::ptrdiff_t>(offset),
+                     rec.begin() + static_cast<std::ptrdiff_t>(offset + size));
     }
   } catch (const std::bad_alloc&) {
     result.reset();
   }
-  std::lock_guard<std::mutex> g(mu_);
-  stats_.bytes_read += rec.size();
-  if (!found) unindex_locked(key);
-  if (result) {
-    ++stats_.hits;
-    auto it = index_.find(key);
-    if (it != index_.end()) lru_.splice(lru_.end(), lru_, it->second.lru);
-  } else {
-    ++stats_.misses;
-  }
+  end_read(key, gen, found, result.has_value(), rec.size());
   return result;
 }
 

@@ -152,6 +152,8 @@ class FileBlockStore final : public IndexedStore {
     return true;
   }
 
+  void discard(Staged& staged) override { ::unlink(staged.name.c_str()); }
+
   bool read_record(const BlockKey& key, std::vector<uint8_t>* out) override {
     const std::string p = record_path(key);
     const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);

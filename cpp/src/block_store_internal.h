@@ -75,6 +75,8 @@ class IndexedStore : public BlockStore {
                      const uint8_t* payload, size_t n, Staged* out) = 0;
   // Makes a staged record visible under key; lock held. False on failure (cleans up).
   virtual bool publish(const BlockKey& key, Staged& staged) = 0;
+  // Drops a staged record that will not be published (the store closed meanwhile).
+  virtual void discard(Staged& staged) = 0;
   // Reads the whole record under key into out; no lock held. False if absent or unreadable.
   virtual bool read_record(const BlockKey& key, std::vector<uint8_t>* out) = 0;
   // Deletes the record under key from storage; lock held. Best effort.
@@ -93,14 +95,25 @@ class IndexedStore : public BlockStore {
   bool closed_ = false;
 
  private:
-  // Verifies rec against expected; on success sets offset/size. Erases bad records. No lock.
-  bool verify(const BlockKey& key, const RecordMeta& expected, const std::vector<uint8_t>& rec,
-              size_t* offset, size_t* size);
+  // Checks the store is open and returns the generation of key's index entry (0: none); the
+  // generation changes whenever a put replaces the record, so a reader can tell whether what
+  // it read is still what the index names. Takes the lock.
+  uint64_t begin_read(const BlockKey& key) const;
+  // Verifies rec against expected; on success sets offset/size. Erases a bad record unless a
+  // put replaced it after it was read (generation changed). No lock held on entry.
+  bool verify(const BlockKey& key, uint64_t gen, const RecordMeta& expected,
+              const std::vector<uint8_t>& rec, size_t* offset, size_t* size);
+  // Counts a finished read and updates recency; forgets an indexed record that was absent from
+  // storage (same generation). Takes the lock.
+  void end_read(const BlockKey& key, uint64_t gen, bool found, bool hit, size_t bytes_read);
+  // Generation of key's entry (0: none); lock held.
+  uint64_t gen_locked(const BlockKey& key) const;
   // Removes key from the index (not from storage); lock held.
   void unindex_locked(const BlockKey& key);
 
   struct Entry {
     uint64_t size;
+    uint64_t gen;                       // unique per put (or per record found at open)
     std::list<BlockKey>::iterator lru;  // position in lru_ (front = least recently used)
   };
   std::string path_;
@@ -108,6 +121,7 @@ class IndexedStore : public BlockStore {
   std::unordered_map<BlockKey, Entry, BlockKeyHash> index_;
   std::list<BlockKey> lru_;
   uint64_t total_bytes_ = 0;
+  uint64_t next_gen_ = 1;
   StoreStats stats_;
 };
 

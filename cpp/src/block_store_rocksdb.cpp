@@ -90,6 +90,8 @@ class RocksDbBlockStore final : public IndexedStore {
     return db_->Put(write_options_, KeyBytes(key).slice(), staged.value).ok();
   }
 
+  void discard(Staged&) override {}
+
   bool read_record(const BlockKey& key, std::vector<uint8_t>* out) override {
     rocksdb::DB* db = db_.get();
     if (db == nullptr) return false;

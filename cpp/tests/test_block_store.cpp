@@ -406,3 +406,15 @@ TEST_P(BlockStoreTest, WriteFailureReturnsFalse) {
 INSTANTIATE_TEST_SUITE_P(Backends, BlockStoreTest,
                          ::testing::ValuesIn(compiled_block_store_backends()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST_P(BlockStoreTest, FsyncOptionRoundTrip) {
+  BlockStoreOptions opts;
+  opts.fsync = true;
+  auto s = open_block_store(GetParam(), (dir_ / "synced").string(), 0, opts);
+  const RecordMeta m = meta_of(11);
+  const auto d = payload_of(3000, 9);
+  ASSERT_TRUE(s->put(key_of(m), m, d.data(), d.size()));
+  EXPECT_EQ(*s->get(key_of(m), m), d);
+  EXPECT_EQ(s->backend(), GetParam());
+  EXPECT_EQ(s->path(), (dir_ / "synced").string());
+}

@@ -1,8 +1,13 @@
 // Uses the installed pagedllm::core: admits two sequences sharing a prefix, forks one, and
-// checks the block accounting. Exits non-zero on any mismatch.
+// checks the block accounting; then round-trips one block through the persistent block store
+// (every compiled backend) in a temporary directory. Exits non-zero on any mismatch.
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
 #include <vector>
 
+#include "pagedllm/block_store.h"
 #include "pagedllm/build_info.h"
 #include "pagedllm/kv_cache_manager.h"
 
@@ -36,7 +41,22 @@ int main() {
   EXPECT(s.used_blocks == 0);
   EXPECT(s.free_blocks + s.cached_blocks == 16);
   EXPECT(s.prefix_cache_hits == 8);
-  std::printf("consumer: pagedllm %s OK (prefix hits %lld tokens, %d cached blocks)\n",
-              version().c_str(), static_cast<long long>(s.prefix_cache_hits), s.cached_blocks);
+  char tmpl[] = "/tmp/pagedllm_consumer_XXXXXX";
+  EXPECT(mkdtemp(tmpl) != nullptr);
+  std::string backends;
+  for (const std::string& backend : compiled_block_store_backends()) {
+    auto store = open_block_store(backend, std::string(tmpl) + "/" + backend);
+    RecordMeta meta{"consumer-model|f32", 4, {1, 2, 3, 4}};
+    const BlockKey key = block_key(kRootKey, meta.tokens.data(), 4, 0);
+    const std::vector<uint8_t> payload(1024, 7);
+    EXPECT(store->put(key, meta, payload.data(), payload.size()));
+    const auto got = store->get(key, meta);
+    EXPECT(got.has_value() && *got == payload);
+    backends += (backends.empty() ? "" : ", ") + backend;
+  }
+  std::filesystem::remove_all(tmpl);
+  std::printf("consumer: pagedllm %s OK (prefix hits %lld tokens, %d cached blocks; block store: %s)\n",
+              version().c_str(), static_cast<long long>(s.prefix_cache_hits), s.cached_blocks,
+              backends.c_str());
   return 0;
 }

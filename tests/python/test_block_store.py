@@ -146,6 +146,14 @@ def test_torch_tensor_payload(tmp_path, backend):
         dst = torch.zeros_like(block)
         assert s.get_into(k, FP, BS, t, dst)
         assert torch.equal(dst, block)
+        # Block-major KV pool (docs/ARCHITECTURE.md, "KV pool layout"): pool[b] is one block.
+        pool = torch.randn(6, 8, 2, 4, 16, 8).to(torch.bfloat16)
+        assert s.put(key_of(6), FP, BS, tokens_of(6), pool[2])
+        assert s.get_into(key_of(6), FP, BS, tokens_of(6), pool[4])
+        assert torch.equal(pool[4], pool[2])
+        u8 = pool.view(torch.uint8)  # fp8 pools are uint8 bytes
+        assert s.get_into(key_of(6), FP, BS, tokens_of(6), u8[5])
+        assert torch.equal(pool[5], pool[2])
         # A non-contiguous view is refused with a clear error.
         with pytest.raises(ValueError):
             s.put(k, FP, BS, t, block.transpose(0, 1))
@@ -264,18 +272,30 @@ def test_concurrent_threads(tmp_path, backend):
 
 # ---- faults ------------------------------------------------------------------------------
 
+KILL_PAYLOAD = 4 * 1024 * 1024  # large, so that most of the writer's time is spent writing
+
+
+def kill_payload(i):
+    """Record i of the kill -9 writer: one of 4 random buffers, its first 8 bytes = i."""
+    p = np.random.default_rng(i % 4).integers(0, 256, KILL_PAYLOAD, dtype=np.uint8)
+    p[:8] = np.frombuffer(np.int64(i).tobytes(), dtype=np.uint8)
+    return p
+
+
 WRITER = textwrap.dedent("""
     import sys
     import numpy as np
     from pagedllm import _core
-    path, backend = sys.argv[1], sys.argv[2]
+    path, backend, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     s = _core.BlockStore(path, backend)
     BS = 16
+    base = [np.random.default_rng(j).integers(0, 256, n, dtype=np.uint8) for j in range(4)]
     i = 0
     while True:
         t = np.arange(i * BS, (i + 1) * BS, dtype=np.int32)
         k = _core.block_key(_core.ROOT_BLOCK_KEY, t)
-        p = np.random.default_rng(i).integers(0, 256, 256 * 1024, dtype=np.uint8)
+        p = base[i % 4]
+        p[:8] = np.frombuffer(np.int64(i).tobytes(), dtype=np.uint8)
         s.put(k, "fp", BS, t, p)
         print(i, flush=True)
         i += 1
@@ -289,13 +309,13 @@ def test_kill_9_during_writes(tmp_path, backend):
     rng = np.random.default_rng(0)
     last = 2
     for _round in range(4):
-        proc = subprocess.Popen([sys.executable, str(script), path, backend],
+        proc = subprocess.Popen([sys.executable, str(script), path, backend, str(KILL_PAYLOAD)],
                                 stdout=subprocess.PIPE, text=True, env=os.environ)
         # Let it confirm a few puts, then kill it at a random moment while it keeps writing
         # (each round rewrites the same keys, so replacements are interrupted too).
         for _ in range(3):
             assert proc.stdout.readline(), "the writer died before writing"
-        time.sleep(float(rng.uniform(0.0, 0.05)))
+        time.sleep(float(rng.uniform(0.0, 0.1)))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         confirmed = [int(x) for x in proc.stdout.read().split()]
@@ -307,14 +327,12 @@ def test_kill_9_during_writes(tmp_path, backend):
         with _core.BlockStore(path, backend) as s:
             keys = s.keys()
             assert set(keys) <= set(by_key), "a record under a key the writer never used"
-            out = np.empty(256 * 1024, np.uint8)
+            out = np.empty(KILL_PAYLOAD, np.uint8)
             for k in keys:
                 i, t = by_key[k]
                 # Every record verifies or is absent: a hit is always the exact payload.
                 if s.get_into(k, "fp", 16, t, out):
-                    expected = np.random.default_rng(i).integers(0, 256, 256 * 1024,
-                                                                 dtype=np.uint8)
-                    np.testing.assert_array_equal(out, expected)
+                    np.testing.assert_array_equal(out, kill_payload(i))
             # The puts the writer confirmed (it printed after put returned) all survived.
             for k, (i, t) in by_key.items():
                 if i <= last:

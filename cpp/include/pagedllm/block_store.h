@@ -24,6 +24,11 @@
 // Recency is kept in memory; at open it is rebuilt from file modification times (file, which
 // also touches a record's mtime on each hit) or key order (rocksdb).
 //
+// Limits: fingerprint <= 64 KiB, <= 2^20 tokens and <= 16 GiB of payload per record (a put
+// beyond them returns false); one opener per directory at a time, across processes; the index
+// costs ~100 bytes of memory per record; record files are little-endian (the library refuses to build on
+// big-endian hosts).
+//
 // Errors: opening an unusable path (not creatable, not a directory, no permission, locked) throws
 // pagedllm::Error(kIo) naming the path. After a successful open no call throws for I/O
 // reasons: put returns false (and counts a write error) on disk full / EROFS / EACCES, get
