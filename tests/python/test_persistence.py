@@ -83,6 +83,11 @@ def test_restart_with_another_model_or_dtype_never_hits(engine_model_dir, prompt
     assert run(other, prompts) == ref
     assert other.kv_cache_stats()["disk_hit_tokens"] == 0
     other.engine.shutdown()
+    # The other model's records live beside the first one's: neither erased the other.
+    back = engine(engine_model_dir, store)
+    run(back, prompts)
+    assert back.kv_cache_stats()["disk_hit_tokens"] > 0
+    back.engine.shutdown()
     fp16 = engine(engine_model_dir, store, kv_cache_dtype="fp16")
     run(fp16, prompts)
     assert fp16.kv_cache_stats()["disk_hit_tokens"] == 0

@@ -120,11 +120,15 @@ class PersistentTier:
                  max_staged_blocks: int = 1024):
         self.store = store
         self.fingerprint = fingerprint
+        # Folded into every key, so that engines of different models (or dtypes, layouts) can
+        # share a directory without reading, or erasing, each other's records.
+        self._key_salt = int(fingerprint[:15], 16)
         self.block_size = block_size
         self.bytes_per_block = bytes_per_block
         self.hot_blocks_threshold = hot_blocks_threshold
         self.max_staged_blocks = max_staged_blocks
         self._lock = threading.Lock()
+        self._landed = threading.Condition(self._lock)  # notified when a prefetch finishes
         self._prefetches: Dict[str, _Prefetch] = {}
         self._staged = 0
         self._meta: Dict[bytes, np.ndarray] = {}       # key -> tokens of a planned store
@@ -149,6 +153,11 @@ class PersistentTier:
         atexit.register(self.close)  # queued writes reach the disk before the process ends
 
     # --- the scheduler's side -----------------------------------------------------------------
+    def keys_for(self, tokens: Sequence[int], extra_key: int) -> List[bytes]:
+        """The persistent keys of the full blocks of a prompt under a prefix-cache namespace."""
+        mixed = (extra_key * 0x9E3779B97F4A7C15 ^ self._key_salt) & 0xFFFF_FFFF_FFFF_FFFF
+        return prompt_keys(tokens, self.block_size, mixed)
+
     def lookup(self, keys: Sequence[bytes], first: int, limit: int) -> int:
         """How many of keys[first:limit] are on disk, in a row from `first` (index lookups)."""
         n = 0
@@ -179,6 +188,12 @@ class PersistentTier:
             if p is None or not p.done:
                 return None
             return p.keys[:len(p.buffers)]
+
+    def wait_for_prefetch(self, timeout: float = 0.05) -> None:
+        """Blocks (without spinning) until some running prefetch finishes, or `timeout`."""
+        with self._lock:
+            if any(not p.done for p in self._prefetches.values()):
+                self._landed.wait(timeout)
 
     def pending(self, request_id: str) -> bool:
         """True while a prefetch for the request is running."""
@@ -264,6 +279,7 @@ class PersistentTier:
                 self.load_seconds += time.perf_counter() - t0
                 self.loaded_blocks += len(p.buffers)
                 p.done = True
+                self._landed.notify_all()
 
     def _write_loop(self) -> None:
         while True:

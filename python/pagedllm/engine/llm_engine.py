@@ -287,7 +287,7 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             if self.tier is not None and self.scheduler.has_work:
-                time.sleep(0.0005)  # waiting only for disk reads: do not spin
+                self.tier.wait_for_prefetch()  # waiting only for disk reads: block, not spin
             return self.scheduler.take_failed_outputs()
         if self.on_step is not None:
             self.on_step(self.kv_manager.stats())

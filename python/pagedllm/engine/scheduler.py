@@ -495,10 +495,7 @@ class Scheduler:
     # --- the persistent tier ------------------------------------------------------------------
     def _persistent_keys(self, req: Request) -> list:
         if req.persistent_keys is None:
-            from pagedllm.engine.kv_tier import prompt_keys
-
-            req.persistent_keys = prompt_keys(req.prompt_token_ids, self.block_size,
-                                              req.extra_key)
+            req.persistent_keys = self.tier.keys_for(req.prompt_token_ids, req.extra_key)
         return req.persistent_keys
 
     def _disk_keys(self, seq: Sequence, cached: int) -> Optional[List[bytes]]:
