@@ -1,5 +1,6 @@
 """Time to first token of a long prompt seen before a restart: loaded from the persistent KV
-tier vs recomputed; and a Zipf trace over long documents across a restart (P50/P99).
+tier vs recomputed; a Zipf trace over long documents across a restart (P50/P99); and the
+throughput cost of writing every block on a workload with no reuse.
 
 For each (model, prompt length): engine A (persistence on, empty store) computes the prompt
 and writes its blocks; A is shut down (a restart: nothing stays in memory); engine B on the
@@ -161,6 +162,43 @@ def measure_trace(preset: str = "tiny", docs: int = 12, doc_tokens: Tuple[int, i
     return out
 
 
+def measure_no_reuse(preset: str = "tiny", n: int = 32, prompt_len: int = 512, out_len: int = 32,
+                     repeats: int = 3, bs: int = 16) -> dict:
+    """The cost of writing every block on a workload that never reuses one: output tokens/s of
+    the same fresh prompts with the tier on (hot_blocks_threshold 0) and off, interleaved runs,
+    medians."""
+    import random
+
+    from pagedllm import LLM, SamplingParams
+
+    path = checkpoint(preset)
+    sp = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
+    rates = {"off": [], "on": []}
+    rng = random.Random(1)
+    for r in range(repeats):
+        for mode in ("off", "on"):
+            prompts = [{"prompt_token_ids": [rng.randrange(3, 4000) for _ in range(prompt_len)]}
+                       for _ in range(n)]  # never seen before: nothing to reuse
+            store = tempfile.mkdtemp(prefix="pagedllm-kv-") if mode == "on" else None
+            kw = {"persistence": {"storage_path": store}} if store else {}
+            llm = LLM(path, block_size=bs, max_num_seqs=n, **kw)
+            llm.generate(prompts[:1], SamplingParams(max_tokens=1), use_tqdm=False)  # warm
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts[1:], sp, use_tqdm=False)
+            rates[mode].append(sum(len(o.outputs[0].token_ids) for o in outs)
+                               / (time.perf_counter() - t0))
+            if store:
+                written = llm.kv_cache_stats()["disk_bytes_written"]
+                llm.engine.shutdown()
+                shutil.rmtree(store, ignore_errors=True)
+    off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    res = {"tok_s_off": off, "tok_s_on": on, "ratio_on_off": on / off,
+           "bytes_written_last_run": written, "runs": rates}
+    print(f"no reuse: {off:.0f} tok/s without the tier, {on:.0f} with it ({on / off:.3f}x)",
+          flush=True)
+    return res
+
+
 def checkpoint_preset(name: str) -> dict:
     from pagedllm.model.checkpoint import PRESETS
 
@@ -175,6 +213,8 @@ def main() -> None:
     res = measure(cfg)
     res["trace"] = (measure_trace(docs=4, doc_tokens=(256, 512), requests=8) if args.quick
                     else measure_trace())
+    res["no_reuse"] = (measure_no_reuse(n=4, prompt_len=64, out_len=4, repeats=1) if args.quick
+                       else measure_no_reuse())
     write_results("persistence", res)
 
 
