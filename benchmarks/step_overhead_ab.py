@@ -1,0 +1,92 @@
+"""Engine time per step, before and after a change, measured alternately on the same machine.
+
+The engine source of a git commit (default 0c15e30, the baseline commit before the worker
+redesign) is extracted with `git archive` into a temporary folder, next to this checkout's
+prebuilt `_core`; then `bench_step_overhead.py` runs in a fresh process per round, alternately
+on that tree ("before") and on this checkout ("after"), so both see the same load. Medians over
+the rounds of each batch size's per-step medians, wall and main-thread CPU time.
+
+Usage: python -m benchmarks.step_overhead_ab [--rounds 3] [--before 0c15e30] [--threads N]
+Writes benchmarks/results/step_overhead_ab.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import machine_info, write_results
+
+ROOT = Path(__file__).resolve().parent.parent
+FIELDS = ("step_ms", "forward_ms", "overhead_ms", "overhead_cpu_ms")
+
+
+def extract(commit: str, dest: Path) -> Path:
+    """The commit's python/pagedllm under dest, with this checkout's built _core linked in."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "python/pagedllm"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    for so in (ROOT / "python" / "pagedllm").glob("_core*.so"):
+        link = dest / "python" / "pagedllm" / so.name
+        if not link.exists():
+            link.symlink_to(so)
+    return dest / "python"
+
+
+def one_round(src: Path, label: str, out: Path, extra: list) -> list:
+    """Runs bench_step_overhead once on the engine under src; returns its rows."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]),
+               PAGEDLLM_BENCH_RESULTS_DIR=str(out))
+    subprocess.run([sys.executable, "-m", "benchmarks.bench_step_overhead", "--label", label]
+                   + extra, check=True, env=env, cwd=ROOT)
+    return json.loads((out / f"step_overhead_{label}.json").read_text())["rows"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", default="0c15e30", help="git commit of the 'before' engine")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--batch-sizes", default=None)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    extra = (["--quick"] if args.quick else []) + (
+        ["--threads", str(args.threads)] if args.threads else []) + (
+        ["--batch-sizes", args.batch_sizes] if args.batch_sizes else [])
+    runs = {"before": [], "after": []}
+    loads = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        srcs = {"before": extract(args.before, tmp), "after": ROOT / "python"}
+        for r in range(args.rounds):
+            order = ("before", "after") if r % 2 == 0 else ("after", "before")
+            for label in order:
+                print(f"--- round {r + 1}: {label}", flush=True)
+                loads.append(round(os.getloadavg()[0], 2))
+                runs[label].append(one_round(srcs[label], label, tmp, extra))
+    table = {}
+    for label, rounds in runs.items():
+        for i, row in enumerate(rounds[0]):
+            table.setdefault(str(row["batch"]), {})[label] = {
+                f: round(statistics.median(rr[i][f] for rr in rounds), 4) for f in FIELDS}
+            table[str(row["batch"])][label]["rounds_overhead_cpu_ms"] = [
+                round(rr[i]["overhead_cpu_ms"], 4) for rr in rounds]
+    for b, t in table.items():
+        t["after_over_before_cpu"] = round(t["after"]["overhead_cpu_ms"] / t["before"]["overhead_cpu_ms"], 3)
+        t["after_over_before_wall"] = round(t["after"]["overhead_ms"] / t["before"]["overhead_ms"], 3)
+        print(f"batch {b:>4}: engine CPU before {t['before']['overhead_cpu_ms']:.3f} ms, after "
+              f"{t['after']['overhead_cpu_ms']:.3f} ms ({t['after_over_before_cpu']:.2f}x)")
+    write_results("step_overhead_ab", {
+        "benchmark": "step_overhead_ab", "before_commit": args.before, "rounds": args.rounds,
+        "threads": args.threads, "load_avg_1m_per_run": loads, "batches": table,
+        "machine_start": machine_info()})
+
+
+if __name__ == "__main__":
+    main()
