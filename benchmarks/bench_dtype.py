@@ -42,7 +42,8 @@ class DtypeConfig:
         decode: per model, (sequences, prompt tokens, output tokens) of the decode-bound run.
         prefill: per model, (sequences, prompt tokens) of the prefill-bound run (1 output token).
         repeats: interleaved rounds.
-        num_threads: pagedllm threads.
+        num_threads: pagedllm threads (default 1: on a shared 2-core machine, OpenMP workers
+            of two threads spin against the other jobs and a run can take 20x longer).
     """
 
     models: Tuple[str, ...] = ("tiny", "small")
@@ -51,7 +52,7 @@ class DtypeConfig:
     prefill: Dict[str, tuple] = field(default_factory=lambda: {"tiny": (16, 512),
                                                                "small": (8, 512)})
     repeats: int = 3
-    num_threads: Optional[int] = None
+    num_threads: Optional[int] = 1
 
     @classmethod
     def quick(cls) -> "DtypeConfig":
