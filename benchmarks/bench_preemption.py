@@ -19,6 +19,7 @@ Writes benchmarks/results/preemption.json.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -76,7 +77,7 @@ def swap_gib(reqs: List[BenchRequest], bytes_per_token: int) -> float:
 def percentile(xs: List[float], q: float) -> float:
     """The q-quantile (0..1) of xs, nearest rank."""
     s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
 def run_once(ckpt: str, reqs: List[BenchRequest], block_size: int, mode: str,
