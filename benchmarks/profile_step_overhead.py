@@ -7,6 +7,7 @@ on whichever pagedllm is importable: point PYTHONPATH at another tree to profile
 their own and cumulative time per step; --json writes them.
 
 Usage: python -m benchmarks.profile_step_overhead [--batch 64] [--steps 100] [--json out.json]
+       python -m benchmarks.profile_step_overhead --finite-check   # the sampler's finite check
 """
 
 from __future__ import annotations
@@ -54,13 +55,51 @@ def rows(stats: pstats.Stats, steps: int, match: str = "pagedllm", top: int = 40
     return out[:top]
 
 
+def finite_check_costs(vocab: int = 4096, batches=(1, 16, 64, 256), n: int = 200) -> list:
+    """Main-thread CPU µs of ways to ask "are these logits all finite?" ([batch, vocab] fp32,
+    one torch thread): the sampler's torch.isfinite(x).all(), one aminmax pass (NaN
+    propagates into min and max), and isfinite of the sum (may say no for huge finite
+    values, which only sends the sampler down its exact path)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+    def cost(fn) -> float:
+        for _ in range(10):
+            fn()
+        t0 = time.thread_time()
+        for _ in range(n):
+            fn()
+        return round(1e6 * (time.thread_time() - t0) / n, 1)
+
+    out = []
+    for b in batches:
+        x = torch.randn(b, vocab)
+        mm = torch.aminmax
+        out.append({"batch": b, "vocab": vocab,
+                    "isfinite_all_us": cost(lambda: bool(torch.isfinite(x).all())),
+                    "aminmax_us": cost(lambda: bool(torch.isfinite(torch.stack(mm(x))).all())),
+                    "isfinite_sum_us": cost(lambda: bool(torch.isfinite(x.sum())))})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--finite-check", action="store_true",
+                    help="only time the sampler's finite check against cheaper ones")
     args = ap.parse_args()
+    if args.finite_check:
+        rows_ = [r for v in (4096, 32000) for r in finite_check_costs(v)]
+        for r in rows_:
+            print(r)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows_, f, indent=1)
+        return
     import pagedllm
 
     stats = profile(args.batch, args.steps)

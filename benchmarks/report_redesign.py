@@ -80,7 +80,9 @@ def step_overhead(data: dict, ctx: Context) -> str:
     return "\n".join([
         f"`bench_step_overhead.py` (\"tiny\", decode steps of a batch, prompts of 32 tokens, 48 "
         f"steps x 3 runs per batch, {data.get('threads') or 'all'} thread(s)) on the engine of "
-        f"commit `{data['before_commit']}` (before the redesign) and on this checkout (after), "
+        f"commit `{data['before_commit']}` (before) and of "
+        f"{'commit `' + data['after_commit'] + '`' if data.get('after_commit') else 'this checkout'} "
+        f"(after), "
         f"alternately in fresh processes, {data['rounds']} rounds; medians over the rounds. "
         f"Engine time = step minus model forward, in main-thread CPU time (what other jobs take "
         f"is left out) and in wall time.", "",

@@ -6,8 +6,9 @@ prebuilt `_core`; then `bench_step_overhead.py` runs in a fresh process per roun
 on that tree ("before") and on this checkout ("after"), so both see the same load. Medians over
 the rounds of each batch size's per-step medians, wall and main-thread CPU time.
 
-Usage: python -m benchmarks.step_overhead_ab [--rounds 3] [--before 0c15e30] [--threads N]
-Writes benchmarks/results/step_overhead_ab.json.
+Usage: python -m benchmarks.step_overhead_ab [--rounds 3] [--before 0c15e30] [--after COMMIT]
+       [--threads N] [--name step_overhead_ab]
+Writes benchmarks/results/<name>.json (default step_overhead_ab.json).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ FIELDS = ("step_ms", "forward_ms", "overhead_ms", "overhead_cpu_ms")
 
 def extract(commit: str, dest: Path) -> Path:
     """The commit's python/pagedllm under dest, with this checkout's built _core linked in."""
+    dest.mkdir(parents=True, exist_ok=True)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "python/pagedllm"],
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
@@ -37,6 +39,15 @@ def extract(commit: str, dest: Path) -> Path:
         if not link.exists():
             link.symlink_to(so)
     return dest / "python"
+
+
+def _head() -> str:
+    """This checkout's commit (short), with "+" when its engine has uncommitted changes."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "python/pagedllm"],
+                           capture_output=True, text=True).stdout.strip()
+    return head + ("+" if dirty else "")
 
 
 def one_round(src: Path, label: str, out: Path, extra: list) -> list:
@@ -51,6 +62,9 @@ def one_round(src: Path, label: str, out: Path, extra: list) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", default="0c15e30", help="git commit of the 'before' engine")
+    ap.add_argument("--after", default=None,
+                    help="git commit of the 'after' engine (default: this checkout)")
+    ap.add_argument("--name", default="step_overhead_ab", help="results file stem")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--batch-sizes", default=None)
@@ -63,7 +77,8 @@ def main() -> None:
     loads = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        srcs = {"before": extract(args.before, tmp), "after": ROOT / "python"}
+        srcs = {"before": extract(args.before, tmp / "before"),
+                "after": extract(args.after, tmp / "after") if args.after else ROOT / "python"}
         for r in range(args.rounds):
             order = ("before", "after") if r % 2 == 0 else ("after", "before")
             for label in order:
@@ -82,8 +97,9 @@ def main() -> None:
         t["after_over_before_wall"] = round(t["after"]["overhead_ms"] / t["before"]["overhead_ms"], 3)
         print(f"batch {b:>4}: engine CPU before {t['before']['overhead_cpu_ms']:.3f} ms, after "
               f"{t['after']['overhead_cpu_ms']:.3f} ms ({t['after_over_before_cpu']:.2f}x)")
-    write_results("step_overhead_ab", {
-        "benchmark": "step_overhead_ab", "before_commit": args.before, "rounds": args.rounds,
+    write_results(args.name, {
+        "benchmark": "step_overhead_ab", "before_commit": args.before,
+        "after_commit": args.after or _head(), "rounds": args.rounds,
         "threads": args.threads, "load_avg_1m_per_run": loads, "batches": table,
         "machine_start": machine_info()})
 
