@@ -53,11 +53,11 @@ class PreemptionConfig:
     """
 
     models: Tuple[str, ...] = ("tiny", "small")
-    requests: dict = field(default_factory=lambda: {"tiny": 64, "small": 24})
+    requests: dict = field(default_factory=lambda: {"tiny": 64, "small": 16})
     mixed: dict = field(default_factory=lambda: dict(PRESSURE))
     pool_tokens: int = 1024
     block_sizes: Tuple[int, ...] = (8, 16, 32, 64)
-    repeats: int = 3
+    repeats: int = 2
     num_threads: Optional[int] = 1
 
     @classmethod

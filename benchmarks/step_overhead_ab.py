@@ -6,8 +6,12 @@ prebuilt `_core`; then `bench_step_overhead.py` runs in a fresh process per roun
 on that tree ("before") and on this checkout ("after"), so both see the same load. Medians over
 the rounds of each batch size's per-step medians, wall and main-thread CPU time.
 
+With --chain C1,C2,... the same is done for a list of commits (the engine commits between two
+points, say), the order rotated each round, to tell which commit moved the figure.
+
 Usage: python -m benchmarks.step_overhead_ab [--rounds 3] [--before 0c15e30] [--after COMMIT]
        [--threads N] [--name step_overhead_ab]
+       python -m benchmarks.step_overhead_ab --chain 0c15e30,c17add0,HEAD --name NAME
 Writes benchmarks/results/<name>.json (default step_overhead_ab.json).
 """
 
@@ -69,10 +73,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--batch-sizes", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--chain", default=None, help="comma list of commits to measure in turn")
     args = ap.parse_args()
     extra = (["--quick"] if args.quick else []) + (
         ["--threads", str(args.threads)] if args.threads else []) + (
         ["--batch-sizes", args.batch_sizes] if args.batch_sizes else [])
+    if args.chain:
+        return chain(args.chain.split(","), args, extra)
     runs = {"before": [], "after": []}
     loads = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,6 +109,32 @@ def main() -> None:
         "after_commit": args.after or _head(), "rounds": args.rounds,
         "threads": args.threads, "load_avg_1m_per_run": loads, "batches": table,
         "machine_start": machine_info()})
+
+
+def chain(commits: list, args, extra: list) -> None:
+    """Measures every commit of `commits` in each round (order rotated); medians per commit."""
+    runs = {c: [] for c in commits}
+    loads = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        srcs = {c: extract(c, tmp / f"c{i}") for i, c in enumerate(commits)}
+        for r in range(args.rounds):
+            k = r % len(commits)
+            for i, c in enumerate(commits[k:] + commits[:k]):
+                print(f"--- round {r + 1}: {c}", flush=True)
+                loads.append(round(os.getloadavg()[0], 2))
+                runs[c].append(one_round(srcs[c], f"c{commits.index(c)}", tmp, extra))
+    table = {}
+    for c, rounds in runs.items():
+        for i, row in enumerate(rounds[0]):
+            table.setdefault(str(row["batch"]), {})[c] = {
+                f: round(statistics.median(rr[i][f] for rr in rounds), 4) for f in FIELDS}
+    for b, t in table.items():
+        print(f"batch {b:>4}: engine CPU ms " + ", ".join(
+            f"{c} {t[c]['overhead_cpu_ms']:.3f}" for c in commits))
+    write_results(args.name, {"benchmark": "step_overhead_chain", "commits": commits,
+                              "rounds": args.rounds, "threads": args.threads,
+                              "load_avg_1m_per_run": loads, "batches": table})
 
 
 if __name__ == "__main__":
