@@ -57,7 +57,7 @@ class PreemptionConfig:
     mixed: dict = field(default_factory=lambda: dict(PRESSURE))
     pool_tokens: int = 1024
     block_sizes: Tuple[int, ...] = (8, 16, 32, 64)
-    repeats: int = 2
+    repeats: int = 4
     num_threads: Optional[int] = 1
 
     @classmethod

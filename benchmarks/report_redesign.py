@@ -92,4 +92,28 @@ def step_overhead(data: dict, ctx: Context) -> str:
             + (f" --threads {data['threads']}" if data.get("threads") else "")
             + f"`; machine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores; date "
               f"{m.get('date', '?')}; 1-min load average {min(loads, default=0):.1f}-"
-              f"{max(loads, default=0):.1f} over the runs._"])
+              f"{max(loads, default=0):.1f} over the runs._"]
+        + (["", _chain(ctx.load("step_overhead_chain"))] if ctx.load("step_overhead_chain") else []))
+
+
+def _chain(data: dict) -> str:
+    """The per-commit table of a --chain run: engine CPU ms per step, each commit's change."""
+    commits = data["commits"]
+    rows = []
+    for b, t in data["batches"].items():
+        row = [b]
+        for i, c in enumerate(commits):
+            v = t[c]["overhead_cpu_ms"]
+            prev = t[commits[i - 1]]["overhead_cpu_ms"] if i else None
+            row.append(f"{v:.2f}" + (f" ({v / prev:.2f}x)" if prev else ""))
+        rows.append(row)
+    loads = data.get("load_avg_1m_per_run", [])
+    return "\n".join([
+        f"Commit by commit (every commit since the baseline that touches the engine, the model, "
+        f"ops or the sampling parameters; engine CPU ms per step, in brackets the change from "
+        f"the commit to the left; {data['rounds']} rounds, order rotated, medians; load "
+        f"{min(loads, default=0):.1f}-{max(loads, default=0):.1f}):", "",
+        table(["batch"] + [f"`{c}`" for c in commits], rows), "",
+        f"_Script: `python -m benchmarks.step_overhead_ab --chain {','.join(commits)} --rounds "
+        f"{data['rounds']}" + (f" --threads {data['threads']}" if data.get("threads") else "")
+        + f" --name step_overhead_chain`._"])
