@@ -102,16 +102,16 @@ def _chain(data: dict) -> str:
     rows = []
     for b, t in data["batches"].items():
         row = [b]
+        base = t[commits[0]]["overhead_cpu_ms"]
         for i, c in enumerate(commits):
             v = t[c]["overhead_cpu_ms"]
-            prev = t[commits[i - 1]]["overhead_cpu_ms"] if i else None
-            row.append(f"{v:.2f}" + (f" ({v / prev:.2f}x)" if prev else ""))
+            row.append(f"{v:.2f}" + (f" ({v / base:.2f}x)" if i else ""))
         rows.append(row)
     loads = data.get("load_avg_1m_per_run", [])
     return "\n".join([
         f"Commit by commit (every commit since the baseline that touches the engine, the model, "
-        f"ops or the sampling parameters; engine CPU ms per step, in brackets the change from "
-        f"the commit to the left; {data['rounds']} rounds, order rotated, medians; load "
+        f"ops or the sampling parameters, in history order, whatever branch they are on; engine "
+        f"CPU ms per step, in brackets the ratio to the first commit; {data['rounds']} rounds, order rotated, medians; load "
         f"{min(loads, default=0):.1f}-{max(loads, default=0):.1f}):", "",
         table(["batch"] + [f"`{c}`" for c in commits], rows), "",
         f"_Script: `python -m benchmarks.step_overhead_ab --chain {','.join(commits)} --rounds "
