@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--before", default="0c15e30", help="git commit of the 'before' engine")
     ap.add_argument("--after", default=None,
                     help="git commit of the 'after' engine (default: this checkout)")
+    ap.add_argument("--after-tree", default=None,
+                    help="a folder holding pagedllm/ (e.g. a patched copy) as the 'after' engine")
     ap.add_argument("--name", default="step_overhead_ab", help="results file stem")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
@@ -85,7 +87,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         srcs = {"before": extract(args.before, tmp / "before"),
-                "after": extract(args.after, tmp / "after") if args.after else ROOT / "python"}
+                "after": (Path(args.after_tree) if args.after_tree else
+                          extract(args.after, tmp / "after") if args.after else ROOT / "python")}
         for r in range(args.rounds):
             order = ("before", "after") if r % 2 == 0 else ("after", "before")
             for label in order:
@@ -106,7 +109,7 @@ def main() -> None:
               f"{t['after']['overhead_cpu_ms']:.3f} ms ({t['after_over_before_cpu']:.2f}x)")
     write_results(args.name, {
         "benchmark": "step_overhead_ab", "before_commit": args.before,
-        "after_commit": args.after or _head(), "rounds": args.rounds,
+        "after_commit": args.after_tree or args.after or _head(), "rounds": args.rounds,
         "threads": args.threads, "load_avg_1m_per_run": loads, "batches": table,
         "machine_start": machine_info()})
 
