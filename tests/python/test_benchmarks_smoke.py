@@ -210,6 +210,23 @@ def test_new_sections_are_wired():
     assert {"preemption", "dtype", "step_overhead"} <= set(report.BLOCKS)
 
 
+def test_step_overhead_tables_render():
+    from benchmarks import report_redesign, report_sections
+
+    row = {"step_ms": 2.0, "forward_ms": 1.5, "overhead_ms": 0.5, "overhead_cpu_ms": 0.4}
+    ab = {"before_commit": "aaa", "after_commit": "bbb", "rounds": 1, "threads": 1,
+          "load_avg_1m_per_run": [1.0, 2.0],
+          "batches": {"1": {"before": row, "after": dict(row, overhead_cpu_ms=0.6),
+                            "after_over_before_cpu": 1.5, "after_over_before_wall": 1.0}}}
+    chain = {"commits": ["aaa", "bbb"], "rounds": 1, "threads": 1, "load_avg_1m_per_run": [1.0],
+             "batches": {"1": {"aaa": row, "bbb": dict(row, overhead_cpu_ms=0.8)}}}
+    ctx = report_sections.Context(run={}, img=lambda name: None,
+                                  load=lambda stem: chain if stem == "step_overhead_chain" else None)
+    text = report_redesign.step_overhead(ab, ctx)
+    assert "| 1 | 0.40 | 0.60 | 1.50x |" in text
+    assert "| 1 | 0.40 | 0.80 (2.00x) |" in text
+
+
 def test_vllm_peer_reports_a_missing_venv(tmp_path, monkeypatch):
     from benchmarks.peers.vllm_client import PeerUnavailable, vllm_python
 
