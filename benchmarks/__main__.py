@@ -7,7 +7,8 @@
     python -m benchmarks --docs-only          # re-render the page from the JSON files
 
 (With a dev build instead of an installed wheel: PYTHONPATH=python python -m benchmarks.)
-Sections: throughput, memory, sharing, block_size, profile (this package), and the allocator,
+Sections: throughput, memory, sharing, block_size, profile, preemption (swap vs recompute),
+dtype (bf16 vs fp32 weights) (this package), and the allocator,
 kernel, KV-dtype and model-step benchmarks of the other issues (bench_allocator.py,
 bench_attention.py, bench_kv_dtypes.py, bench_model_step.py, run as scripts). Results go to benchmarks/results/*.json and *.png; run.json records the
 command, the machine and each section's wall time.
@@ -28,7 +29,7 @@ from benchmarks import common
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DOC = ROOT / "docs" / "BENCHMARKS.md"
-OWN = ("throughput", "memory", "sharing", "block_size", "profile")
+OWN = ("throughput", "memory", "sharing", "block_size", "profile", "preemption", "dtype")
 SCRIPTS = ("allocator", "attention", "kv_dtypes", "model_step")
 SECTIONS = OWN + SCRIPTS
 
@@ -78,7 +79,8 @@ def run_own(name: str, quick: bool, peers, num_threads=None) -> None:
     mod = importlib.import_module(f"benchmarks.bench_{name}")
     cfg_cls = {"throughput": "ThroughputConfig", "memory": "MemoryConfig",
                "sharing": "SharingConfig", "block_size": "BlockSizeConfig",
-               "profile": "ProfileConfig"}[name]
+               "profile": "ProfileConfig", "preemption": "PreemptionConfig",
+               "dtype": "DtypeConfig"}[name]
     cls = getattr(mod, cfg_cls)
     if name == "throughput":
         cfg = cls.quick(peers=peers) if quick else cls(peers=tuple(peers))

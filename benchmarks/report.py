@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from benchmarks import report_engine as engine_md
+from benchmarks import report_redesign as redesign_md
 from benchmarks import report_sections as rs
 
 BEGIN = "<!-- BEGIN generated: {} -->"
@@ -32,6 +33,9 @@ BLOCKS: Dict[str, tuple] = {
     "sharing": ("sharing", engine_md.sharing),
     "block_size": ("block_size", engine_md.block_size),
     "profile": ("profile", engine_md.profile),
+    "preemption": ("preemption", redesign_md.preemption),
+    "dtype": ("dtype", redesign_md.dtype),
+    "step_overhead": ("step_overhead_ab", redesign_md.step_overhead),
     "allocator": ("allocator", rs.allocator),
     "attention_headline": ("attention_headline", rs.attention_headline),
     "attention": ("attention", rs.attention),

@@ -20,6 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import common, plots, report  # noqa: E402
 from benchmarks.bench_block_size import BlockSizeConfig, seed_rule  # noqa: E402
+from benchmarks.bench_dtype import DtypeConfig  # noqa: E402
+from benchmarks.bench_preemption import PreemptionConfig, percentile  # noqa: E402
 from benchmarks.bench_memory import MemoryConfig, simulate_contiguous  # noqa: E402
 from benchmarks.bench_profile import ProfileConfig  # noqa: E402
 from benchmarks.bench_sharing import SharingConfig  # noqa: E402
@@ -144,6 +146,85 @@ def test_cli_quick_without_peers(bench_env, tmp_path):
     assert set(run["sections"]) == {"memory"}
     assert (out / "utilization.png").exists()
     assert "paged, block size 16" in (out / "BENCHMARKS.md").read_text()
+
+
+def test_percentile_nearest_rank():
+    xs = [float(i) for i in range(1, 101)]
+    assert percentile(xs, 0.5) == 50.0 and percentile(xs, 0.99) == 99.0
+    assert percentile([3.0], 0.99) == 3.0
+
+
+def test_preemption_section(bench_env, tmp_path):
+    from benchmarks import bench_preemption
+
+    # 6 requests of ~24 + ~24 tokens against a 128-slot pool: the decodes outgrow it.
+    res = bench_preemption.run(PreemptionConfig(
+        models=("tiny",), requests={"tiny": 6},
+        mixed=dict(prompt_mean=24, prompt_sigma=0.3, output_mean=24, output_sigma=0.3,
+                   max_prompt=48, max_output=40),
+        pool_tokens=128, block_sizes=(8, 32), repeats=1, num_threads=1))
+    d = res["models"]["tiny"]
+    for bs in ("8", "32"):
+        v = d["block_sizes"][bs]
+        assert v["same_tokens"] is True  # both modes greedy-decode the same tokens
+        assert v["recompute"]["preemptions"] > 0 and v["recompute"]["swap_outs"] == 0
+        assert v["swap"]["swap_outs"] == v["swap"]["preemptions"] > 0
+        assert v["swap"]["swap_ins"] == v["swap"]["swap_outs"]
+        assert v["swap_over_recompute"]["tokens_per_s"] > 0
+        assert 0 < v["swap"]["latency_p50_s"] <= v["swap"]["latency_p99_s"]
+    assert json.loads((bench_env / "preemption.json").read_text())["machine"]["cores"] >= 1
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text((ROOT / "docs" / "BENCHMARKS.md").read_text())
+    assert "preemption" in report.update_doc(doc, bench_env)
+    assert "| tiny | 32 |" in doc.read_text()
+    with pytest.raises(ValueError, match="longest"):
+        bench_preemption.run(PreemptionConfig(models=("tiny",), requests={"tiny": 2},
+                                              pool_tokens=64, repeats=1))
+
+
+def test_dtype_section(bench_env, tmp_path):
+    from benchmarks import bench_dtype
+
+    res = bench_dtype.run(DtypeConfig(models=("tiny",), decode={"tiny": (4, 8, 6)},
+                                      prefill={"tiny": (2, 64)}, repeats=1, num_threads=1))
+    d = res["models"]["tiny"]
+    assert d["bytes_per_block"]["bfloat16"] * 2 == d["bytes_per_block"]["float32"]
+    for kind in ("decode", "prefill"):
+        v = d[kind]
+        assert v["bf16_over_fp32"] > 0
+        assert 0 <= v["agreement"]["first_token_identical"] <= 1
+        assert v["agreement"]["requests"] == v["sequences"]
+    assert set(res["cpu_flags"]) >= {"avx512_bf16", "amx_bf16"}
+
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text((ROOT / "docs" / "BENCHMARKS.md").read_text())
+    done = report.update_doc(doc, bench_env)
+    assert "dtype" in done
+    assert "decode-bound: 4 x (8 + 6)" in doc.read_text()
+
+
+def test_new_sections_are_wired():
+    from benchmarks.__main__ import SECTIONS
+
+    assert {"preemption", "dtype"} <= set(SECTIONS)
+    assert {"preemption", "dtype", "step_overhead"} <= set(report.BLOCKS)
+
+
+def test_step_overhead_tables_render():
+    from benchmarks import report_redesign, report_sections
+
+    row = {"step_ms": 2.0, "forward_ms": 1.5, "overhead_ms": 0.5, "overhead_cpu_ms": 0.4}
+    ab = {"before_commit": "aaa", "after_commit": "bbb", "rounds": 1, "threads": 1,
+          "load_avg_1m_per_run": [1.0, 2.0],
+          "batches": {"1": {"before": row, "after": dict(row, overhead_cpu_ms=0.6),
+                            "after_over_before_cpu": 1.5, "after_over_before_wall": 1.0}}}
+    chain = {"commits": ["aaa", "bbb"], "rounds": 1, "threads": 1, "load_avg_1m_per_run": [1.0],
+             "batches": {"1": {"aaa": row, "bbb": dict(row, overhead_cpu_ms=0.8)}}}
+    ctx = report_sections.Context(run={}, img=lambda name: None,
+                                  load=lambda stem: chain if stem == "step_overhead_chain" else None)
+    text = report_redesign.step_overhead(ab, ctx)
+    assert "| 1 | 0.40 | 0.60 | 1.50x |" in text
+    assert "| 1 | 0.40 | 0.80 (2.00x) |" in text
 
 
 def test_vllm_peer_reports_a_missing_venv(tmp_path, monkeypatch):
