@@ -70,3 +70,15 @@ def assert_pool_clean(llm) -> None:
     assert s["free_blocks"] + s["cached_blocks"] == s["num_blocks"], s
     assert s["num_seqs"] == 0 and s["tokens_stored"] == 0, s
     assert not llm.engine.has_unfinished_requests()
+
+
+def tok(prompts: List[List[int]]) -> List[dict]:
+    """Token-id prompts in the engine's {"prompt_token_ids": ...} form."""
+    return [{"prompt_token_ids": p} for p in prompts]
+
+
+def greedy(max_tokens: int, **kw):
+    """Greedy SamplingParams that ignore EOS (fixed-length outputs to compare)."""
+    from pagedllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)

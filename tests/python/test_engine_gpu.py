@@ -12,8 +12,9 @@ import os
 import pytest
 import torch
 
-from engine_fixtures import mixed_prompts
-from pagedllm import LLM, SamplingParams, ops
+from engine_fixtures import greedy as greedy_params
+from engine_fixtures import mixed_prompts, tok
+from pagedllm import LLM, ops
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,12 +49,10 @@ def reference(gpu_model_dir, prompts):
     return [hf_greedy(gpu_model_dir, p, MAX_TOKENS) for p in prompts]
 
 
+
 def greedy():
-    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return greedy_params(MAX_TOKENS)
 
-
-def tok(prompts):
-    return [{"prompt_token_ids": p} for p in prompts]
 
 
 def test_cuda_engine_greedy_matches_transformers(gpu_model_dir, prompts, reference):

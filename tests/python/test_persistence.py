@@ -9,19 +9,18 @@ import shutil
 
 import pytest
 
-from engine_fixtures import ENGINE_MODEL, engine_model_dir, mixed_prompts  # noqa: F401
-from pagedllm import LLM, SamplingParams
+from engine_fixtures import ENGINE_MODEL, engine_model_dir, mixed_prompts, tok  # noqa: F401
+from engine_fixtures import greedy as greedy_params
+from pagedllm import LLM
 from pagedllm.config import EngineConfig
 
 MAX_TOKENS = 8
 
 
-def tok(prompts):
-    return [{"prompt_token_ids": p} for p in prompts]
 
 
 def greedy():
-    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return greedy_params(MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")

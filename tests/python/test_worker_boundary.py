@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from engine_fixtures import (assert_pool_clean, engine_model_dir, hf_greedy,  # noqa: F401
-                             mixed_prompts)
+                             mixed_prompts, tok)
+from engine_fixtures import greedy as greedy_params
 from pagedllm import LLM, SamplingParams
 from pagedllm.config import EngineConfig
 from pagedllm.engine.kv_transfer import KVTransferEngine
@@ -21,12 +22,10 @@ from pagedllm.sampling_params import BeamSearchParams
 MAX_TOKENS = 12
 
 
-def tok(prompts):
-    return [{"prompt_token_ids": p} for p in prompts]
 
 
 def greedy(max_tokens=MAX_TOKENS, **kw):
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+    return greedy_params(max_tokens, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import dataclasses
 import itertools
 import logging
 import os
-import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence as Seq, Union
 
 import torch

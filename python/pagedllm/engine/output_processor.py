@@ -7,8 +7,7 @@ scheduler's update_from_output, the one owner of request state.
 
 from __future__ import annotations
 
-import time
-from typing import List, Optional
+from typing import Optional
 
 import torch
 

@@ -22,7 +22,7 @@ from pagedllm.engine.kv_sizing import KVPlan, plan_kv_pool
 from pagedllm.engine.kv_transfer import KVTransferEngine
 from pagedllm.engine.model_runner import ModelOutput, ModelRunner
 from pagedllm.engine.scheduler import SchedulerOutput
-from pagedllm.model import ModelConfig, PagedKVCache, load_model
+from pagedllm.model import PagedKVCache, load_model
 
 logger = logging.getLogger("pagedllm")
 
