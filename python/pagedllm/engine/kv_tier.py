@@ -282,6 +282,10 @@ class PersistentTier:
                 self._landed.notify_all()
 
     def _write_loop(self) -> None:
+        try:  # below the engine's threads: writes wait for idle CPU, steps never wait for them
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
         while True:
             item = self._writes.get()
             if item is None:
