@@ -68,6 +68,14 @@ cmake -S "$ROOT/tests/cmake_consumer" -B "$BUILD/consumer" -G Ninja \
 cmake --build "$BUILD/consumer"
 "$BUILD/consumer/consumer"
 
+step "guidellm in a virtual environment of its own (its dependencies would change ours)"
+GUIDELLM_VENV="$BUILD/guidellm-venv"
+if [ ! -x "$GUIDELLM_VENV/bin/guidellm" ]; then
+  "$PY" -m venv "$GUIDELLM_VENV"
+  "$GUIDELLM_VENV/bin/python" -m pip install -q "torch==2.13.0" "guidellm==0.8.1"
+fi
+export PAGEDLLM_GUIDELLM="$GUIDELLM_VENV/bin/guidellm"
+
 step "Python tests"
 cd "$ROOT"
 "$PY" -m pytest tests/python -q
