@@ -6,14 +6,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+import pagedllm
 
 from cpu_engines import ENGINES, restore
 from pagedllm import _core
 
-PYTHON_DIR = str(Path(__file__).resolve().parents[2] / "python")
+# The pagedllm this test imports (the installed wheel in CI, the source tree in development).
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(pagedllm.__file__)))
 
 
 def test_default_is_the_best_available():
