@@ -42,7 +42,8 @@ class LLM:
 
     Args:
         model: checkpoint directory (Hugging Face Llama layout); None = the bundled model.
-        block_size: tokens per KV block.
+        block_size: tokens per KV block, or "auto" (see EngineConfig.block_size; pass
+            expected_mean_seq_len= to size it for your workload).
         kv_cache_dtype: "auto", "fp16", "bf16", "fp8" / "fp8_e4m3", "fp8_e5m2".
         kv_cache_memory_bytes: KV pool budget in bytes (default: 2 GiB, or less when
             max_num_seqs sequences of max_model_len tokens need less).
@@ -55,7 +56,7 @@ class LLM:
         **kwargs: further EngineConfig fields (num_threads, watermark, k_scale, v_scale).
     """
 
-    def __init__(self, model: Optional[str] = None, block_size: int = 16,
+    def __init__(self, model: Optional[str] = None, block_size: Union[int, str] = 16,
                  kv_cache_dtype: str = "auto", kv_cache_memory_bytes: Optional[int] = None,
                  num_kv_blocks: Optional[int] = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: Optional[int] = None, max_model_len: Optional[int] = None,

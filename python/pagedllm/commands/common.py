@@ -59,6 +59,13 @@ def format_bytes(n: float) -> str:
     return f"{n} B"
 
 
+def block_size_arg(text: str):
+    """argparse type of --block-size: an integer >= 1 or 'auto'."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return positive_int(text)
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
@@ -79,7 +86,7 @@ _ENGINE_FLAGS: Dict[str, str] = {
     "watermark": "watermark", "seed": "seed", "num_threads": "num_threads",
     "prepack_weights": "prepack_weights", "device": "device", "dtype": "dtype",
     "gpu_memory_utilization": "gpu_memory_utilization", "preemption_mode": "preemption_mode",
-    "swap_space": "swap_space",
+    "swap_space": "swap_space", "expected_mean_seq_len": "expected_mean_seq_len",
 }
 # flag dest -> persistence key
 _PERSISTENCE_FLAGS: Dict[str, str] = {
@@ -99,7 +106,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--config", metavar="FILE.yaml",
                    help="engine options as YAML (sections model, kv_cache, scheduler, runtime; "
                         "see docs/USAGE.md)")
-    g.add_argument("--block-size", type=positive_int, metavar="N", help="tokens per KV block (16)")
+    g.add_argument("--block-size", type=block_size_arg, metavar="N|auto",
+                   help="tokens per KV block (16); auto: max(16, 2^ceil(log2(mean seq len / 10))) "
+                        "on --expected-mean-seq-len, else on max_model_len")
+    g.add_argument("--expected-mean-seq-len", type=positive_int, metavar="TOKENS",
+                   help="the workload's mean prompt + output length, for --block-size auto")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="KV storage dtype (auto)")
     g.add_argument("--kv-cache-memory", type=parse_size, metavar="SIZE",
                    help="KV pool budget, e.g. 512MiB (2GiB)")

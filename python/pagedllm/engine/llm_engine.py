@@ -84,6 +84,8 @@ class LLMEngine:
 
         layout = self.executor.layout
         self.plan = layout.plan
+        self.block_size = self.plan.block_size  # resolved ("auto" is decided by the worker)
+        self.block_size_reason = getattr(layout, "block_size_reason", "configured")
         self.tier = None
         if config.persistence is not None and config.persistence.enabled:
             from pagedllm.engine.kv_tier import open_tier
@@ -91,11 +93,11 @@ class LLMEngine:
             self.tier = open_tier(config.persistence, self.model_path,
                                   [self.executor.device_description.split(", ")[-1],
                                    f"kv:{config.kv_cache_dtype}:{config.k_scale}:{config.v_scale}",
-                                   f"block_size:{config.block_size}"],
-                                  config.block_size, self.plan.bytes_per_block)
+                                   f"block_size:{self.block_size}"],
+                                  self.block_size, self.plan.bytes_per_block)
             self.executor.set_kv_tier(self.tier)
         self.max_model_len = self.plan.max_model_len
-        self.kv_manager = _core.KVCacheManager(self.plan.num_blocks, config.block_size,
+        self.kv_manager = _core.KVCacheManager(self.plan.num_blocks, self.block_size,
                                                config.enable_prefix_caching,
                                                self.plan.watermark_blocks)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs,
@@ -186,12 +188,12 @@ class LLMEngine:
         if total > self.max_model_len:
             why = ""
             if self.config.max_model_len is None and self.max_model_len < self.model_config.max_position_embeddings:
-                why = (f"; the KV pool ({self.plan.num_blocks} blocks of {self.config.block_size} "
+                why = (f"; the KV pool ({self.plan.num_blocks} blocks of {self.block_size} "
                        f"tokens) set that limit: raise kv_cache_memory_bytes or num_kv_blocks")
             raise ValueError(
                 f"request {request_id}: prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
                 f"{total} exceeds max_model_len ({self.max_model_len}){why}")
-        bs = self.config.block_size
+        bs = self.block_size
         need = -(-total // bs)
         admit = -(-len(ids) // bs)
         if need > self.plan.num_blocks or admit > self.plan.num_blocks - self.plan.watermark_blocks:
@@ -365,6 +367,7 @@ class LLMEngine:
         s["device"] = self.executor.device_description
         if self.tier is not None:
             s.update(self.tier.stats())
+        s["block_size_reason"] = self.block_size_reason
         s["kv_cache_dtype"] = self.config.kv_cache_dtype
         s["bytes_per_block"] = self.plan.bytes_per_block
         s["kv_cache_bytes"] = self.plan.bytes_per_block * self.plan.num_blocks
