@@ -83,3 +83,112 @@ def test_auto_block_size_in_the_engine(engine_model_dir, caplog):
     refs = ref.generate(tok(mixed_prompts(4, seed=3, hi=40)), greedy(), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in refs]
     assert_pool_clean(llm)
+
+
+# --- the OOM table as behaviour ---------------------------------------------------------------
+from pagedllm.engine import kv_diagnostics as kd  # noqa: E402
+
+
+def _stats(**kw):
+    s = dict(num_blocks=100, block_size=16, used_blocks=100, cached_blocks=0, free_blocks=0,
+             slots_reserved=1600, slots_empty=100, prefix_cache_queries=0, prefix_cache_hits=0,
+             shared_blocks=0)
+    s.update(kw)
+    return s
+
+
+def test_pressure_short_sequences_mean_block_too_large():
+    d = kd.diagnose_pressure(_stats(block_size=64, slots_reserved=6400, slots_empty=3200),
+                             num_running=4, mean_seq_len=40, prefix_caching=True)
+    assert d.symptom == kd.SHORT_OOM and "block too large" in d.cause
+    assert "block_size" in d.knob and "now 64" in d.knob
+    assert "3200 empty slots in held blocks (50.0%)" in d.numbers
+
+
+def test_pressure_long_sequences_mean_too_few_blocks():
+    d = kd.diagnose_pressure(_stats(), num_running=3, mean_seq_len=900, prefix_caching=True)
+    assert d.symptom == kd.LONG_OOM and "too few blocks" in d.cause
+    assert "num_kv_blocks" in d.knob and "kv_cache_memory_bytes" in d.knob
+    assert "0 free of 100" in d.numbers and "0 cached (evictable)" in d.numbers
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_pressure_under_concurrency_means_prefix_sharing_not_working(prefix_caching):
+    s = _stats(shared_blocks=1, prefix_cache_queries=1000, prefix_cache_hits=10)
+    d = kd.diagnose_pressure(s, num_running=32, mean_seq_len=200, prefix_caching=prefix_caching)
+    assert d.symptom == kd.CONCURRENCY_OOM
+    assert "enable_prefix_caching" in d.cause + d.knob
+    if prefix_caching:
+        assert "not working" in d.cause and "1 of 100 held blocks shared" in d.cause
+        assert "hit rate 1.0%" in d.cause
+    # Sharing that works is not this symptom: the pool is just too small.
+    d = kd.diagnose_pressure(_stats(shared_blocks=40), num_running=32, mean_seq_len=200,
+                             prefix_caching=True)
+    assert d.symptom == kd.LONG_OOM
+
+
+def test_shared_blocks_counts_distinct_blocks_held_twice():
+    refs = {0: 2, 1: 2, 2: 1, 3: 1}
+    assert kd.count_shared_blocks([[0, 1, 2], [0, 1, 3]], refs.__getitem__) == 2
+
+
+def test_preemption_storm_warning_is_rate_limited(caplog):
+    now = [0.0]
+    m = kd.PreemptionMonitor(window_steps=4, threshold=5, interval_s=10.0, clock=lambda: now[0])
+    diag = kd.Diagnosis(kd.LONG_OOM, "too few blocks", "raise num_kv_blocks", "0 free of 8")
+    total = 0
+    with caplog.at_level(logging.WARNING, logger="pagedllm"):
+        for step in range(40):
+            total += 2
+            now[0] = step * 0.5  # 20 s in all: at most one warning per 10 s -> 2
+            m.observe(total, lambda: diag)
+    warnings = [r.getMessage() for r in caplog.records if "preemption storm" in r.getMessage()]
+    assert len(warnings) == 2 == m.num_warnings
+    assert "6 preemptions in the last 3 steps (2.00 per step)" in warnings[0]
+    assert "8 preemptions in the last 4 steps (2.00 per step)" in warnings[1]
+    assert "too few blocks" in warnings[0] and "num_kv_blocks" in warnings[0]
+    assert m.last_step == 2 and m.per_step == 2.0
+    # Quiet steps drain the window: no storm, no warning.
+    for step in range(8):
+        now[0] = 100.0 + step
+        assert m.observe(total, lambda: diag) is None
+    assert m.per_step == 0.0
+
+
+def test_admission_error_long_sequence_names_blocks_and_knob(engine_model_dir):
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=20, watermark=0.5)
+    with pytest.raises(ValueError) as e:
+        llm.engine.add_request("r", {"prompt_token_ids": list(range(3, 63))}, greedy(4))
+    msg = str(e.value)
+    assert kd.LONG_OOM in msg and "too few blocks" in msg
+    assert "64 tokens need 16 KV blocks but the pool has 20" in msg
+    assert "needs 15 to be admitted, 10 admissible with watermark 10" in msg
+    assert "20 free of 20" in msg and "cached (evictable)" in msg and "shared blocks" in msg
+    assert "raise num_kv_blocks to at least 25" in msg
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_admission_error_short_sequence_names_block_size(engine_model_dir):
+    llm = LLM(engine_model_dir, block_size=64, num_kv_blocks=2, watermark=0.5)
+    with pytest.raises(ValueError) as e:
+        llm.engine.add_request("r", {"prompt_token_ids": list(range(3, 73))}, greedy(4))
+    msg = str(e.value)
+    assert kd.SHORT_OOM in msg and "block too large" in msg
+    assert "lower block_size" in msg and "e.g. 16" in msg and "8 blocks" in msg
+
+
+def test_preemption_storm_on_the_real_engine(engine_model_dir, caplog):
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=40, max_num_batched_tokens=64,
+              max_num_seqs=32, watermark=0.0)
+    llm.engine.kv_monitor.threshold = 4
+    with caplog.at_level(logging.WARNING, logger="pagedllm"):
+        outs = llm.generate(tok(mixed_prompts(24, seed=7)), greedy(12), use_tqdm=False)
+    assert all(o.outputs[0].finish_reason == "length" for o in outs)
+    stats = llm.kv_cache_stats()
+    assert stats["num_preemptions"] >= 4
+    warnings = [r.getMessage() for r in caplog.records if "preemption storm" in r.getMessage()]
+    assert warnings and llm.engine.kv_monitor.num_warnings == len(warnings)
+    d = llm.engine.kv_monitor.last_diagnosis
+    assert d.symptom in (kd.SHORT_OOM, kd.LONG_OOM, kd.CONCURRENCY_OOM)
+    assert "free of 40" in warnings[0] and "Knob:" in warnings[0]
+    assert_pool_clean(llm)

@@ -25,6 +25,7 @@ import torch
 
 from pagedllm import _core
 from pagedllm.config import EngineConfig
+from pagedllm.engine import kv_diagnostics
 from pagedllm.engine.executor import Executor, make_executor
 from pagedllm.engine.sampler import Sampler
 from pagedllm.engine.scheduler import Scheduler, SchedulerOutput
@@ -110,6 +111,8 @@ class LLMEngine:
         self.num_prompt_tokens = 0
         self.num_steps = 0
         self.num_failed_steps = 0
+        # Preemptions per step; a rate-limited warning with the OOM table's diagnosis on storms.
+        self.kv_monitor = kv_diagnostics.PreemptionMonitor()
         # Called after each step is scheduled with the KV pool's stats (benchmarks, monitors).
         self.on_step: Optional[Callable[[dict], None]] = None
 
@@ -189,7 +192,8 @@ class LLMEngine:
             why = ""
             if self.config.max_model_len is None and self.max_model_len < self.model_config.max_position_embeddings:
                 why = (f"; the KV pool ({self.plan.num_blocks} blocks of {self.block_size} "
-                       f"tokens) set that limit: raise kv_cache_memory_bytes or num_kv_blocks")
+                       f"tokens) set that limit ({kv_diagnostics.LONG_OOM}: too few blocks): "
+                       f"raise kv_cache_memory_bytes or num_kv_blocks")
             raise ValueError(
                 f"request {request_id}: prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
                 f"{total} exceeds max_model_len ({self.max_model_len}){why}")
@@ -197,10 +201,9 @@ class LLMEngine:
         need = -(-total // bs)
         admit = -(-len(ids) // bs)
         if need > self.plan.num_blocks or admit > self.plan.num_blocks - self.plan.watermark_blocks:
-            raise ValueError(
-                f"request {request_id}: {total} tokens need {need} KV blocks but the pool has "
-                f"{self.plan.num_blocks} (block_size {bs}); raise kv_cache_memory_bytes or "
-                f"num_kv_blocks, or lower max_tokens")
+            raise ValueError(kv_diagnostics.admission_error(
+                request_id, len(ids), total, need, admit, self.plan.num_blocks,
+                self.plan.watermark_blocks, bs, self.plan.bytes_per_block, self.pool_stats()))
 
     def add_request(self, request_id: Optional[str], prompt: PromptType,
                     params: Optional[SamplingParams] = None, arrival_time: Optional[float] = None,
@@ -287,6 +290,7 @@ class LLMEngine:
             failed (finish_reason "error", `error` set).
         """
         out = self.scheduler.schedule()
+        self.kv_monitor.observe(self.scheduler.num_preemptions, self._diagnose_pressure)
         if out.is_empty:
             if self.tier is not None and self.scheduler.has_work:
                 self.tier.wait_for_prefetch()  # waiting only for disk reads: block, not spin
@@ -353,9 +357,30 @@ class LLMEngine:
         return self.scheduler.pop_beam_result(request_id, self.tokenizer)
 
     # --- introspection ------------------------------------------------------------------------
+    def pool_stats(self) -> dict:
+        """KVCacheManager.stats() plus shared_blocks: distinct blocks that more than one
+        sequence holds (forks, beams, prefix-cache hits), counted over the block tables."""
+        s = self.kv_manager.stats()
+        held = [q.seq_id for r in self.requests.values() for q in r.seqs
+                if self.kv_manager.contains(q.seq_id)]
+        s["shared_blocks"] = kv_diagnostics.count_shared_blocks(
+            (self.kv_manager.block_table(i) for i in held), self.kv_manager.refcount)
+        return s
+
+    def _diagnose_pressure(self) -> "kv_diagnostics.Diagnosis":
+        running = self.scheduler.running
+        mean = sum(q.num_tokens for q in running) / len(running) if running else 0.0
+        return kv_diagnostics.diagnose_pressure(
+            self.pool_stats(), len({q.request.request_id for q in running}), mean,
+            self.config.enable_prefix_caching)
+
     def kv_cache_stats(self) -> dict:
         """KV pool figures (see LLM.kv_cache_stats)."""
-        s = self.kv_manager.stats()
+        s = self.pool_stats()
+        s["preemptions_last_step"] = self.kv_monitor.last_step
+        s["preemptions_per_step"] = self.kv_monitor.per_step
+        s["prefix_cache_hit_rate"] = kv_diagnostics.hit_rate(s)
+        s["internal_fragmentation"] = kv_diagnostics.fragmentation(s)
         s["num_preemptions"] = self.scheduler.num_preemptions
         s["num_swap_outs"] = self.scheduler.num_swap_outs
         s["num_swap_ins"] = self.scheduler.num_swap_ins
