@@ -128,8 +128,8 @@ def test_pressure_under_concurrency_means_prefix_sharing_not_working(prefix_cach
 
 
 def test_shared_blocks_counts_distinct_blocks_held_twice():
-    refs = {0: 2, 1: 2, 2: 1, 3: 1}
-    assert kd.count_shared_blocks([[0, 1, 2], [0, 1, 3]], refs.__getitem__) == 2
+    assert kd.count_shared_blocks([[0, 1, 2], [0, 1, 3], [7]]) == 2
+    assert kd.count_shared_blocks([]) == 0
 
 
 def test_preemption_storm_warning_is_rate_limited(caplog):
@@ -192,3 +192,89 @@ def test_preemption_storm_on_the_real_engine(engine_model_dir, caplog):
     assert d.symptom in (kd.SHORT_OOM, kd.LONG_OOM, kd.CONCURRENCY_OOM)
     assert "free of 40" in warnings[0] and "Knob:" in warnings[0]
     assert_pool_clean(llm)
+
+
+# --- KV metrics (/metrics, monitor) -------------------------------------------------------------
+def _scrape(metrics):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {s.name: s.value for fam in text_string_to_metric_families(metrics.render().decode())
+            for s in fam.samples}
+
+
+def _drain(engine, seen):
+    while engine.has_unfinished_requests():
+        engine.step()
+        s = engine.kv_cache_stats()
+        for k in ("shared_blocks", "preemptions_last_step", "slots_empty"):
+            seen[k] = max(seen.get(k, 0), s[k])
+
+
+def test_kv_metrics_move_on_a_scripted_workload(engine_model_dir):
+    from pagedllm.metrics import EngineMetrics
+
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=24, watermark=0.0,
+              max_num_seqs=8, max_num_batched_tokens=64)
+    engine = llm.engine
+    m = EngineMetrics(engine.kv_cache_stats, "t")
+    P = "pagedllm:"
+    got = _scrape(m)
+    assert got[P + "kv_cache_free_blocks"] == 24 and got[P + "kv_cache_cached_blocks"] == 0
+    assert got[P + "kv_cache_shared_blocks"] == 0 and got[P + "kv_cache_evictions_total"] == 0
+    prompt = list(range(10, 40))  # 30 tokens: 7 full blocks + a partial one
+    # 1. Two samples of one prompt share its blocks; their first tokens copy the partial block.
+    engine.add_request("fork", {"prompt_token_ids": prompt},
+                       SamplingParams(n=2, temperature=1.0, max_tokens=4, ignore_eos=True, seed=1))
+    engine.step()
+    got = _scrape(m)
+    assert got[P + "kv_cache_shared_blocks"] >= 7
+    assert got[P + "kv_cache_free_blocks"] < 24
+    assert got[P + "kv_cache_empty_slots"] > 0
+    assert 0 < got[P + "kv_cache_internal_fragmentation"] < 1
+    seen = {}
+    _drain(engine, seen)
+    got = _scrape(m)
+    assert got[P + "kv_cache_cow_copies_total"] >= 1
+    assert got[P + "kv_cache_cached_blocks"] >= 7  # freed, kept in the prefix cache
+    assert got[P + "kv_cache_shared_blocks"] == 0 and got[P + "kv_cache_empty_slots"] == 0
+    # 2. The same prompt again hits the prefix cache.
+    before = got[P + "prefix_cache_hit_rate"]
+    engine.add_request("again", {"prompt_token_ids": prompt}, greedy(2))
+    _drain(engine, seen)
+    got = _scrape(m)
+    assert got[P + "prefix_cache_hit_rate"] > before
+    assert got[P + "prefix_cache_hits_total"] >= 28
+    # 3. Distinct prompts that overfill the pool evict the cached blocks and preempt.
+    for i, p in enumerate(mixed_prompts(5, seed=11, lo=40, hi=50)):
+        engine.add_request(f"big{i}", {"prompt_token_ids": p}, greedy(20))
+    _drain(engine, seen)
+    got = _scrape(m)
+    assert got[P + "kv_cache_evictions_total"] >= 1
+    assert got[P + "num_preemptions_total"] >= 1 and seen["preemptions_last_step"] >= 1
+    assert got[P + "preemptions_per_step"] > 0
+    assert_pool_clean(llm)
+
+
+def test_monitor_shows_the_kv_table_figures():
+    from pagedllm.commands import monitor
+
+    P = "pagedllm:"
+    samples = {P + "kv_cache_free_blocks": 5.0, P + "kv_cache_cached_blocks": 7.0,
+               P + "kv_cache_empty_slots": 30.0, P + "kv_cache_reserved_slots": 120.0,
+               P + "kv_cache_shared_blocks": 3.0, P + "kv_cache_evictions_total": 11.0,
+               P + "kv_cache_cow_copies_total": 2.0, P + "preemptions_last_step": 4.0,
+               P + "preemptions_per_step": 0.75, P + "prefix_cache_queries_total": 10.0,
+               P + "prefix_cache_hits_total": 5.0}
+    views = monitor.resolve_metrics(["free_blocks,cached_blocks,fragmentation,shared_blocks",
+                                     "evictions,cow_copies,preemption_rate,prefix_hits"])
+    lines = monitor.render("http://x", views, (1.0, samples), None)
+    body = "\n".join(lines)
+    for label, value in [("free blocks", "5"), ("cached blocks (evictable)", "7"),
+                         ("shared blocks", "3"), ("evictions", "11"),
+                         ("copy-on-write copies", "2")]:
+        assert any(l.strip().startswith(label) and l.split()[-1] == value for l in lines), label
+    assert "25.0% (30 empty of 120 slots)" in body
+    assert "4 last step, 0.75 per step" in body
+    assert "50.0% (5/10 tokens)" in body
+    assert set(monitor.VIEWS) >= {"free_blocks", "cached_blocks", "fragmentation",
+                                  "shared_blocks", "evictions", "cow_copies", "preemption_rate"}

@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Optional
 
+import numpy as np
+
 logger = logging.getLogger("pagedllm")
 
 SHORT_OOM = "short sequences run out of KV blocks"
@@ -80,12 +82,15 @@ def hit_rate(stats: Dict) -> float:
     return stats.get("prefix_cache_hits", 0) / q if q else 0.0
 
 
-def count_shared_blocks(tables: Iterable, refcount: Callable[[int], int]) -> int:
-    """Distinct blocks held by more than one sequence (refcount > 1) among block tables."""
-    seen = set()
-    for table in tables:
-        seen.update(int(b) for b in table)
-    return sum(1 for b in seen if refcount(b) > 1)
+def count_shared_blocks(tables: Iterable) -> int:
+    """Blocks held by more than one sequence (forks, beams, prefix-cache hits) among the live
+    sequences' block tables (a table lists a block once: a block in two tables is shared)."""
+    arrays = [np.asarray(t, dtype=np.int64).ravel() for t in tables]
+    arrays = [a for a in arrays if a.size]
+    if not arrays:
+        return 0
+    _, counts = np.unique(np.concatenate(arrays), return_counts=True)
+    return int((counts > 1).sum())
 
 
 def pool_numbers(stats: Dict, need: Optional[int] = None) -> str:

@@ -364,7 +364,7 @@ class LLMEngine:
         held = [q.seq_id for r in self.requests.values() for q in r.seqs
                 if self.kv_manager.contains(q.seq_id)]
         s["shared_blocks"] = kv_diagnostics.count_shared_blocks(
-            (self.kv_manager.block_table(i) for i in held), self.kv_manager.refcount)
+            self.kv_manager.block_table(i) for i in held)
         return s
 
     def _diagnose_pressure(self) -> "kv_diagnostics.Diagnosis":
