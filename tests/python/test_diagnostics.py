@@ -130,6 +130,11 @@ def test_pressure_under_concurrency_means_prefix_sharing_not_working(prefix_cach
 def test_shared_blocks_counts_distinct_blocks_held_twice():
     assert kd.count_shared_blocks([[0, 1, 2], [0, 1, 3], [7]]) == 2
     assert kd.count_shared_blocks([]) == 0
+    import numpy as np
+
+    padded = np.array([[0, 1, 0], [0, 1, 2], [3, 0, 0]])  # padded with 0; block 0 held twice
+    assert kd.count_shared_blocks(padded, {0: 2}.get) == 2
+    assert kd.count_shared_blocks(padded, {0: 1}.get) == 1
 
 
 def test_preemption_storm_warning_is_rate_limited(caplog):

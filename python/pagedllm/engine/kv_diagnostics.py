@@ -82,15 +82,29 @@ def hit_rate(stats: Dict) -> float:
     return stats.get("prefix_cache_hits", 0) / q if q else 0.0
 
 
-def count_shared_blocks(tables: Iterable) -> int:
-    """Blocks held by more than one sequence (forks, beams, prefix-cache hits) among the live
-    sequences' block tables (a table lists a block once: a block in two tables is shared)."""
-    arrays = [np.asarray(t, dtype=np.int64).ravel() for t in tables]
-    arrays = [a for a in arrays if a.size]
-    if not arrays:
-        return 0
-    _, counts = np.unique(np.concatenate(arrays), return_counts=True)
-    return int((counts > 1).sum())
+def count_shared_blocks(tables, refcount: Optional[Callable[[int], int]] = None) -> int:
+    """Blocks held by more than one sequence (forks, beams, prefix-cache hits).
+
+    Args:
+        tables: the live sequences' block tables: an iterable of 1-D arrays, or one 2-D array
+            padded with 0 (KVCacheManager.block_tables), in which case block 0 is judged by
+            `refcount` (the padding makes its count ambiguous).
+        refcount: the manager's refcount (sequences holding a block); needed for a padded array.
+    Returns:
+        The number of distinct blocks that appear in two tables or more.
+    """
+    if isinstance(tables, np.ndarray) and tables.ndim == 2:
+        flat = tables.ravel()
+        flat = flat[flat != 0]
+        zero = 1 if refcount is not None and tables.size and refcount(0) > 1 else 0
+    else:
+        arrays = [np.asarray(t, dtype=np.int64).ravel() for t in tables]
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+        zero = 0
+    if not flat.size:
+        return zero
+    _, counts = np.unique(flat, return_counts=True)
+    return int((counts > 1).sum()) + zero
 
 
 def pool_numbers(stats: Dict, need: Optional[int] = None) -> str:

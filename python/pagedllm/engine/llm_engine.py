@@ -21,6 +21,7 @@ import os
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence as Seq, Union
 
+import numpy as np
 import torch
 
 from pagedllm import _core
@@ -364,7 +365,8 @@ class LLMEngine:
         held = [q.seq_id for r in self.requests.values() for q in r.seqs
                 if self.kv_manager.contains(q.seq_id)]
         s["shared_blocks"] = kv_diagnostics.count_shared_blocks(
-            self.kv_manager.block_table(i) for i in held)
+            self.kv_manager.block_tables(np.asarray(held, dtype=np.int64), -1),
+            self.kv_manager.refcount) if held else 0
         return s
 
     def _diagnose_pressure(self) -> "kv_diagnostics.Diagnosis":
