@@ -30,6 +30,7 @@ extend::
       seed: 0
       num_threads: null
       prepack_weights: true       # weights in oneDNN's blocked layout (faster CPU matmuls)
+      check_numerics: off         # off | warn | fail: NaN/Inf logits rows after each forward
 
 Unknown keys are an error that names them.
 """
@@ -47,6 +48,7 @@ DEFAULT_KV_CACHE_MEMORY_BYTES = 2 << 30
 DEVICES = ("auto", "cpu", "cuda")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREEMPTION_MODES = ("recompute", "swap")
+CHECK_NUMERICS = ("off", "warn", "fail")
 
 # YAML section -> {yaml key: EngineConfig field}
 _YAML_SECTIONS: Dict[str, Dict[str, str]] = {
@@ -68,7 +70,8 @@ _YAML_SECTIONS: Dict[str, Dict[str, str]] = {
     },
     "runtime": {"seed": "seed", "num_threads": "num_threads",
                 "prepack_weights": "prepack_weights", "device": "device", "dtype": "dtype",
-                "gpu_memory_utilization": "gpu_memory_utilization"},
+                "gpu_memory_utilization": "gpu_memory_utilization",
+                "check_numerics": "check_numerics"},
 }
 
 
@@ -109,6 +112,10 @@ class EngineConfig:
             pool and back; falls back to recompute when the host pool is full).
         swap_space: GiB of host memory for swapped-out blocks (vLLM's name); used by
             preemption_mode="swap".
+        check_numerics: after each forward, look for NaN/Inf in the sampled logits rows:
+            "off" (default), "warn" (log a warning naming the step and the request) or "fail"
+            (finish the affected requests with an error naming the step and the request; the
+            other requests carry on).
         persistence: the persistent KV tier (a PersistenceConfig, or a mapping with its keys:
             enabled, storage_path, backend, max_bytes, hot_blocks_threshold); None: off.
     """
@@ -135,6 +142,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     swap_space: float = 4.0
     persistence: Optional[PersistenceConfig] = None
+    check_numerics: str = "off"
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> ValueError:
@@ -187,6 +195,10 @@ class EngineConfig:
         if self.preemption_mode not in PREEMPTION_MODES:
             raise bad("preemption_mode", "one of " + ", ".join(PREEMPTION_MODES))
         self.persistence = PersistenceConfig.from_value(self.persistence)
+        if self.check_numerics is False:  # YAML reads a bare `off` as false
+            self.check_numerics = "off"
+        if self.check_numerics not in CHECK_NUMERICS:
+            raise bad("check_numerics", "one of " + ", ".join(CHECK_NUMERICS))
         if (isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float))
                 or not 0.0 <= self.swap_space <= 1024.0 or self.swap_space != self.swap_space):
             raise bad("swap_space", "a number of GiB in [0, 1024]")

@@ -283,3 +283,121 @@ def test_monitor_shows_the_kv_table_figures():
     assert "50.0% (5/10 tokens)" in body
     assert set(monitor.VIEWS) >= {"free_blocks", "cached_blocks", "fragmentation",
                                   "shared_blocks", "evictions", "cow_copies", "preemption_rate"}
+
+
+# --- numeric checks -------------------------------------------------------------------------------
+MARK = 511  # token id whose embedding the test poisons with NaN
+
+
+def _poison(llm):
+    """NaN in the activations of every token equal to MARK (a forward hook on the embedding):
+    the request holding one gets non-finite hidden states, K/V and logits from there on."""
+    import torch
+
+    model = llm.engine.executor.worker.model
+
+    def hook(module, args, output):
+        (ids,) = args
+        output[ids == MARK] = float("nan")
+        return output
+    return model.embed_tokens.register_forward_hook(hook)
+
+
+@pytest.fixture
+def numeric_prompts():
+    good = mixed_prompts(3, seed=21, lo=10, hi=30)
+    bad = mixed_prompts(1, seed=22, lo=20, hi=20)[0]
+    bad[12] = MARK
+    return good, bad
+
+
+def test_check_numerics_config_yaml_cli(tmp_path):
+    assert EngineConfig().check_numerics == "off"
+    with pytest.raises(ValueError, match="check_numerics"):
+        EngineConfig(check_numerics="loud")
+    path = tmp_path / "c.yaml"
+    path.write_text("runtime:\n  check_numerics: fail\n")
+    assert EngineConfig.from_yaml(str(path)).check_numerics == "fail"
+    path.write_text("runtime:\n  check_numerics: off\n")  # YAML's off is false
+    assert EngineConfig.from_yaml(str(path)).check_numerics == "off"
+    from pagedllm.commands.common import add_engine_args, engine_config
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    assert engine_config(p.parse_args(["--check-numerics", "warn"])).check_numerics == "warn"
+
+
+def test_check_numerics_fail_fails_that_request_alone_and_leaks_nothing(
+        engine_model_dir, numeric_prompts, caplog):
+    good, bad = numeric_prompts
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64, check_numerics="fail")
+    ref = LLM(engine_model_dir, block_size=4, num_kv_blocks=64)
+    expected = [o.outputs[0].token_ids for o in ref.generate(tok(good + [bad]), greedy(),
+                                                             use_tqdm=False)]
+    handle = _poison(llm)
+    with caplog.at_level(logging.ERROR, logger="pagedllm"):
+        outs = llm.generate(tok(good[:1] + [bad] + good[1:]), greedy(), use_tqdm=False)
+    handle.remove()
+    failed = outs[1]
+    assert failed.outputs[0].finish_reason == "error"
+    assert "numeric check: NaN/Inf in the logits at step" in failed.error
+    assert f"for request {failed.request_id}" in failed.error and "position 19" in failed.error
+    assert any("numeric check" in r.getMessage() for r in caplog.records)
+    others = [outs[0]] + outs[2:]
+    assert [o.outputs[0].finish_reason for o in others] == ["length"] * 3
+    assert [o.outputs[0].token_ids for o in others] == expected[:3]
+    assert llm.kv_cache_stats()["num_numeric_errors"] >= 1
+    assert_pool_clean(llm)
+    # Nothing poisoned stays in the prefix cache: the same prompt, unpoisoned, gives the
+    # reference's tokens (its blocks are computed again, not served from the NaN ones).
+    (again,) = llm.generate(tok([bad]), greedy(), use_tqdm=False)
+    assert again.outputs[0].finish_reason == "length", again.error
+    assert again.outputs[0].token_ids == expected[3]
+
+
+def test_check_numerics_warn_and_off(engine_model_dir, numeric_prompts, caplog):
+    good, bad = numeric_prompts
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64, check_numerics="warn")
+    handle = _poison(llm)
+    with caplog.at_level(logging.WARNING, logger="pagedllm"):
+        outs = llm.generate(tok([good[0], bad]), greedy(2), use_tqdm=False)
+    handle.remove()
+    warned = [r.getMessage() for r in caplog.records if "numeric check" in r.getMessage()]
+    assert warned and f"for request {outs[1].request_id}" in warned[0] and "step" in warned[0]
+    assert outs[0].outputs[0].finish_reason == "length"
+    off = LLM(engine_model_dir, block_size=4, num_kv_blocks=64)
+    handle = _poison(off)
+    off.generate(tok([good[0], bad]), greedy(2), use_tqdm=False)
+    handle.remove()
+    assert off.kv_cache_stats()["num_numeric_errors"] == 0
+
+
+def test_check_numerics_finds_inf_and_ignores_finite_overflowing_rows(engine_model_dir):
+    """The row-sum prefilter: an Inf row is found; a finite row whose sum overflows is not."""
+    import torch
+
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64, check_numerics="fail")
+    engine = llm.engine
+    seen = {}
+    real = engine._check_numerics
+
+    def tamper(out, logits):
+        with torch.inference_mode():
+            for t in out.sample_targets:
+                if t.seq.request.request_id == "inf":
+                    logits[t.row, 5] = float("inf")
+                elif t.seq.request.request_id == "big":
+                    logits[t.row, :] = 3e38  # finite; the row's sum overflows
+        seen["called"] = True
+        return real(out, logits)
+    engine._check_numerics = tamper
+    for rid in ("inf", "big"):
+        engine.add_request(rid, {"prompt_token_ids": [5, 6, 7]}, greedy(2))
+    outs = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            outs[o.request_id] = o
+    assert seen["called"]
+    assert outs["inf"].outputs[0].finish_reason == "error" and "request inf" in outs["inf"].error
+    assert outs["big"].outputs[0].finish_reason == "length"
+    assert_pool_clean(llm)

@@ -7,7 +7,8 @@ import dataclasses
 import re
 from typing import Any, Dict, Optional
 
-from pagedllm.config import KV_CACHE_DTYPES, MODEL_DTYPES, PREEMPTION_MODES, EngineConfig
+from pagedllm.config import (CHECK_NUMERICS, KV_CACHE_DTYPES, MODEL_DTYPES, PREEMPTION_MODES,
+                             EngineConfig)
 
 
 class CliError(Exception):
@@ -87,6 +88,7 @@ _ENGINE_FLAGS: Dict[str, str] = {
     "prepack_weights": "prepack_weights", "device": "device", "dtype": "dtype",
     "gpu_memory_utilization": "gpu_memory_utilization", "preemption_mode": "preemption_mode",
     "swap_space": "swap_space", "expected_mean_seq_len": "expected_mean_seq_len",
+    "check_numerics": "check_numerics",
 }
 # flag dest -> persistence key
 _PERSISTENCE_FLAGS: Dict[str, str] = {
@@ -141,6 +143,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "blocks to host memory (recompute)")
     g.add_argument("--swap-space", type=float, metavar="GIB",
                    help="GiB of host memory for swapped-out KV blocks (4)")
+    g.add_argument("--check-numerics", choices=CHECK_NUMERICS,
+                   help="NaN/Inf in a step's logits: off, warn (log the step and request) or "
+                        "fail (finish that request with an error) (off)")
     p = parser.add_argument_group("persistent KV tier (YAML section persistence:)")
     p.add_argument("--persistence-path", metavar="DIR",
                    help="keep full prompt blocks in a store under DIR that survives restarts "

@@ -112,6 +112,7 @@ class LLMEngine:
         self.num_prompt_tokens = 0
         self.num_steps = 0
         self.num_failed_steps = 0
+        self.num_numeric_errors = 0  # steps whose logits had NaN/Inf (check_numerics)
         # Preemptions per step; a rate-limited warning with the OOM table's diagnosis on storms.
         self.kv_monitor = kv_diagnostics.PreemptionMonitor()
         # Called after each step is scheduled with the KV pool's stats (benchmarks, monitors).
@@ -307,6 +308,8 @@ class LLMEngine:
             self.kv_manager.reset_prefix_cache()
             return self.scheduler.take_failed_outputs()
         self.num_steps += 1
+        if self.config.check_numerics != "off" and result.logits is not None:
+            self._check_numerics(out, result.logits)
         results = self._sample(out, result.logits)
         try:
             return self.scheduler.update_from_output(out, result.logits, result.prompt_logits,
@@ -342,6 +345,44 @@ class LLMEngine:
                 results[i] = r
         placeholder = next((r for r in results if r is not None), None)
         return [r if r is not None else placeholder for r in results]
+
+    def _check_numerics(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
+        """check_numerics: finds logits rows with NaN/Inf (one isfinite over the host logits)
+        and warns about, or fails, the requests they belong to."""
+        # A row with a NaN/Inf has a non-finite sum (30x cheaper than isfinite over every
+        # element of a large vocabulary); candidates (a finite sum can also overflow) are then
+        # confirmed element-wise.
+        candidates = torch.nonzero(~torch.isfinite(logits.sum(dim=-1))).flatten()
+        if not candidates.numel():
+            return
+        confirmed = ~torch.isfinite(logits[candidates]).all(dim=-1)
+        bad_rows = candidates[confirmed]
+        if not bad_rows.numel():
+            return
+        self.num_numeric_errors += 1
+        rows = set(bad_rows.tolist())
+        where = {e.seq.seq_id: e.context_len - 1 for e in out.scheduled}
+        hits: Dict[str, tuple] = {}
+        for t in out.sample_targets:
+            if t.row in rows:
+                hits.setdefault(t.seq.request.request_id, (t.seq, t.row))
+        for row, seq in out.beam_rows:
+            if row in rows:
+                hits.setdefault(seq.request.request_id, (seq, row))
+        for rid, (seq, row) in hits.items():
+            pos = where.get(seq.seq_id, seq.num_tokens - 1)
+            message = (f"numeric check: NaN/Inf in the logits at step {self.num_steps} for request "
+                       f"{rid} (sequence {seq.index}, position {pos}, logits row {row})")
+            if self.config.check_numerics == "warn":
+                logger.warning("%s", message)
+                continue
+            logger.error("%s; failing the request", message)
+            self.scheduler.fail_request(seq.request, message)
+        if self.config.check_numerics == "fail":
+            with torch.inference_mode():  # the failed requests' draws are skipped: keep the
+                logits[bad_rows] = 0.0    # sampler away from NaN
+            # Their blocks hold non-finite K/V: never serve them from the prefix cache.
+            self.kv_manager.reset_prefix_cache()
 
     def _fail(self, out: SchedulerOutput, message: str) -> None:
         self.num_failed_steps += 1
@@ -391,6 +432,7 @@ class LLMEngine:
             s["host_blocks"] = self.scheduler.host.capacity
             s["host_free_blocks"] = self.scheduler.host.num_free
         s["num_failed_steps"] = self.num_failed_steps
+        s["num_numeric_errors"] = self.num_numeric_errors
         s["device"] = self.executor.device_description
         if self.tier is not None:
             s.update(self.tier.stats())
