@@ -401,3 +401,81 @@ def test_check_numerics_finds_inf_and_ignores_finite_overflowing_rows(engine_mod
     assert outs["inf"].outputs[0].finish_reason == "error" and "request inf" in outs["inf"].error
     assert outs["big"].outputs[0].finish_reason == "length"
     assert_pool_clean(llm)
+
+
+# --- timeline traces ------------------------------------------------------------------------------
+def _step_events(path):
+    import json
+
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted((e for e in events if e["name"] == "pagedllm.step"), key=lambda e: e["ts"])
+    inner = [e for e in events if e["name"] in ("pagedllm.schedule", "pagedllm.execute",
+                                                 "pagedllm.sample", "pagedllm.update")]
+    return steps, inner
+
+
+def _assert_spans_in_order(steps, inner):
+    from pagedllm.engine.tracing import STEP_SPANS
+
+    full = 0
+    for s in steps:
+        lo, hi = s["ts"], s["ts"] + s["dur"]
+        names = [e["name"] for e in sorted(inner, key=lambda e: e["ts"])
+                 if lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 1]
+        assert names[:1] == ["pagedllm.schedule"], names
+        assert names in (list(STEP_SPANS), ["pagedllm.schedule"]), names
+        full += names == list(STEP_SPANS)
+    assert full >= 1
+
+
+def test_trace_of_engine_steps(engine_model_dir, tmp_path):
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64)
+    path = tmp_path / "trace.json"
+    llm.engine.start_trace(str(path))
+    llm.generate(tok(mixed_prompts(3, seed=5, hi=20)), greedy(4), use_tqdm=False)
+    assert llm.engine.stop_trace() == str(path)
+    steps, inner = _step_events(path)
+    assert len(steps) >= 4  # a prefill step, then one per decode
+    _assert_spans_in_order(steps, inner)
+    assert llm.engine.stop_trace() is None  # nothing armed any more
+    with pytest.raises(ValueError, match="does not exist"):
+        llm.engine.start_trace(str(tmp_path / "no" / "such" / "t.json"))
+
+
+def test_generate_cli_writes_a_trace(capsys, tmp_path):
+    from pagedllm import cli
+
+    path = tmp_path / "gen.json"
+    code = cli.main(["generate", "--num-threads", "1", "--num-kv-blocks", "64", "--temperature",
+                     "0", "--max-tokens", "3", "--quiet", "--trace", str(path), "Hello"])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"trace of the engine's steps written to {path}" in err
+    steps, inner = _step_events(path)
+    assert len(steps) >= 3
+    _assert_spans_in_order(steps, inner)
+
+
+def test_async_engine_writes_the_trace_on_its_thread(engine_model_dir, tmp_path):
+    import asyncio
+
+    from pagedllm.engine.async_engine import AsyncLLMEngine
+    from pagedllm.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=engine_model_dir, block_size=4, num_kv_blocks=64))
+    path = tmp_path / "serve.json"
+    engine.start_trace(str(path))
+    aeng = AsyncLLMEngine(engine)
+    aeng.start()
+
+    async def go():
+        async for out in aeng.generate("a", {"prompt_token_ids": [5, 6, 7, 8]}, greedy(3)):
+            last = out
+        return last
+    out = asyncio.run(go())
+    assert len(out.outputs[0].token_ids) == 3
+    aeng.shutdown()
+    steps, inner = _step_events(path)
+    assert len(steps) >= 3
+    _assert_spans_in_order(steps, inner)

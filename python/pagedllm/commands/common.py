@@ -159,6 +159,23 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "block when computed (0)")
 
 
+def add_trace_arg(parser: argparse.ArgumentParser) -> None:
+    """--trace FILE.json (generate, serve): a Chrome trace of the engine's steps."""
+    parser.add_argument("--trace", "--profile-trace", dest="trace", metavar="FILE.json",
+                        help="write a Chrome/Perfetto trace of every engine step (torch.profiler, "
+                             "CPU activities: schedule, execute, sample, update spans)")
+
+
+def start_trace(engine, args: argparse.Namespace) -> None:
+    """Arms the engine's step trace when --trace was given."""
+    path = getattr(args, "trace", None)
+    if path:
+        try:
+            engine.start_trace(path)
+        except ValueError as e:
+            raise UsageError(f"{e} (fix --trace)") from None
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The EngineConfig of --config (if given) with the flags applied over it.
 

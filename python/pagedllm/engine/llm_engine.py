@@ -26,7 +26,7 @@ import torch
 
 from pagedllm import _core
 from pagedllm.config import EngineConfig
-from pagedllm.engine import kv_diagnostics
+from pagedllm.engine import kv_diagnostics, tracing
 from pagedllm.engine.executor import Executor, make_executor
 from pagedllm.engine.sampler import Sampler
 from pagedllm.engine.scheduler import Scheduler, SchedulerOutput
@@ -115,6 +115,7 @@ class LLMEngine:
         self.num_numeric_errors = 0  # steps whose logits had NaN/Inf (check_numerics)
         # Preemptions per step; a rate-limited warning with the OOM table's diagnosis on storms.
         self.kv_monitor = kv_diagnostics.PreemptionMonitor()
+        self.tracer: Optional[tracing.StepTracer] = None  # start_trace()
         # Called after each step is scheduled with the KV pool's stats (benchmarks, monitors).
         self.on_step: Optional[Callable[[dict], None]] = None
 
@@ -140,6 +141,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Stops the executor's workers (pending KV transfers finish first) and closes the
         persistent tier (queued writes reach the disk first)."""
+        self.stop_trace()
         self.executor.shutdown()
         if self.tier is not None:
             self.tier.close()
@@ -291,8 +293,19 @@ class LLMEngine:
             the finished ones when stream_outputs is False), and for every request the step
             failed (finish_reason "error", `error` set).
         """
-        out = self.scheduler.schedule()
-        self.kv_monitor.observe(self.scheduler.num_preemptions, self._diagnose_pressure)
+        if self.tracer is None:
+            return self._step(tracing.no_span)
+        from torch.profiler import record_function
+
+        self.tracer.ensure_started()
+        self.tracer.num_steps += 1
+        with record_function("pagedllm.step"):
+            return self._step(record_function)
+
+    def _step(self, span) -> List[RequestOutput]:
+        with span("pagedllm.schedule"):
+            out = self.scheduler.schedule()
+            self.kv_monitor.observe(self.scheduler.num_preemptions, self._diagnose_pressure)
         if out.is_empty:
             if self.tier is not None and self.scheduler.has_work:
                 self.tier.wait_for_prefetch()  # waiting only for disk reads: block, not spin
@@ -300,7 +313,8 @@ class LLMEngine:
         if self.on_step is not None:
             self.on_step(self.kv_manager.stats())
         try:
-            result = self.executor.execute_model(out)
+            with span("pagedllm.execute"):
+                result = self.executor.execute_model(out)
         except Exception as e:  # noqa: BLE001 - the step's requests fail, not the engine
             self._fail(out, f"the model step failed: {type(e).__name__}: {e}")
             # Blocks this step filled were registered in the prefix cache before their K/V were
@@ -308,15 +322,31 @@ class LLMEngine:
             self.kv_manager.reset_prefix_cache()
             return self.scheduler.take_failed_outputs()
         self.num_steps += 1
-        if self.config.check_numerics != "off" and result.logits is not None:
-            self._check_numerics(out, result.logits)
-        results = self._sample(out, result.logits)
+        with span("pagedllm.sample"):
+            if self.config.check_numerics != "off" and result.logits is not None:
+                self._check_numerics(out, result.logits)
+            results = self._sample(out, result.logits)
         try:
-            return self.scheduler.update_from_output(out, result.logits, result.prompt_logits,
-                                                     results)
+            with span("pagedllm.update"):
+                return self.scheduler.update_from_output(out, result.logits, result.prompt_logits,
+                                                         results)
         except Exception as e:  # noqa: BLE001
             self._fail(out, f"applying the step's results failed: {type(e).__name__}: {e}")
             return self.scheduler.take_failed_outputs()
+
+    # --- traces -------------------------------------------------------------------------------
+    def start_trace(self, path: str) -> None:
+        """Records the following steps in a Chrome trace (engine/tracing.py); the profiler
+        starts on the thread that runs the next step. Call stop_trace() on that thread."""
+        if self.tracer is not None:
+            raise RuntimeError(f"a trace to {self.tracer.path} is already being recorded")
+        self.tracer = tracing.StepTracer(path)
+
+    def stop_trace(self) -> Optional[str]:
+        """Writes the trace started by start_trace(); returns its path (None: no trace, or no
+        step ran)."""
+        tracer, self.tracer = self.tracer, None
+        return tracer.stop() if tracer is not None else None
 
     def _sample(self, out: SchedulerOutput, logits) -> list:
         """Draws every target's token; on an error, draws one request at a time and fails the
