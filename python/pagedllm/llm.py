@@ -160,8 +160,19 @@ class LLM:
     def kv_cache_stats(self) -> dict:
         """KV pool figures: num_blocks, block_size, used_blocks, cached_blocks, free_blocks,
         peak_used_blocks, tokens_stored, slots_reserved, utilization, prefix_cache_queries,
-        prefix_cache_hits (tokens), num_preemptions, evictions, cow_copies, and more."""
+        prefix_cache_hits (tokens), num_preemptions, evictions, cow_copies, shared_blocks,
+        slots_empty, internal_fragmentation, prefix_cache_hit_rate, preemptions_last_step,
+        preemptions_per_step, block_size_reason, num_numeric_errors, and more."""
         return self.engine.kv_cache_stats()
+
+    def start_trace(self, path: str) -> None:
+        """Records the following steps (generate calls on this thread) in a Chrome trace JSON
+        at `path` (see LLMEngine.start_trace); stop_trace() writes it."""
+        self.engine.start_trace(path)
+
+    def stop_trace(self) -> Optional[str]:
+        """Writes the trace started by start_trace(); its path (None: none was recorded)."""
+        return self.engine.stop_trace()
 
     def _add_all(self, prompts: list, add) -> List[str]:
         for i, p in enumerate(prompts):  # before any is added: nothing runs on a bad one

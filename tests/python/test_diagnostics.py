@@ -432,9 +432,11 @@ def _assert_spans_in_order(steps, inner):
 def test_trace_of_engine_steps(engine_model_dir, tmp_path):
     llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64)
     path = tmp_path / "trace.json"
-    llm.engine.start_trace(str(path))
+    llm.start_trace(str(path))
+    with pytest.raises(RuntimeError, match="already"):
+        llm.start_trace(str(path))
     llm.generate(tok(mixed_prompts(3, seed=5, hi=20)), greedy(4), use_tqdm=False)
-    assert llm.engine.stop_trace() == str(path)
+    assert llm.stop_trace() == str(path)
     steps, inner = _step_events(path)
     assert len(steps) >= 4  # a prefill step, then one per decode
     _assert_spans_in_order(steps, inner)
@@ -476,6 +478,20 @@ def test_async_engine_writes_the_trace_on_its_thread(engine_model_dir, tmp_path)
     out = asyncio.run(go())
     assert len(out.outputs[0].token_ids) == 3
     aeng.shutdown()
+    steps, inner = _step_events(path)
+    assert len(steps) >= 3
+    _assert_spans_in_order(steps, inner)
+
+
+def test_bench_cli_writes_a_trace(capsys, tmp_path):
+    from pagedllm import cli
+
+    path = tmp_path / "bench.json"
+    code = cli.main(["bench", "--num-threads", "1", "--num-kv-blocks", "64", "--num-prompts", "2",
+                     "--input-len", "8", "--output-len", "3", "--no-progress", "--trace", str(path)])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert "trace of the engine's steps written to" in err
     steps, inner = _step_events(path)
     assert len(steps) >= 3
     _assert_spans_in_order(steps, inner)
