@@ -5,7 +5,8 @@ extend::
 
     model: path/to/llama          # optional; the bundled default model otherwise
     kv_cache:
-      block_size: 16
+      block_size: 16              # or auto: max(16, 2^ceil(log2(mean seq len / 10)))
+      expected_mean_seq_len: null # the mean prompt + output length block_size auto sizes for
       dtype: auto                 # auto | fp32 | fp16 | bf16 | fp8 (= fp8_e4m3) | fp8_e5m2
       memory_bytes: 2147483648    # or num_blocks: 4096
       enable_prefix_caching: true
@@ -29,6 +30,7 @@ extend::
       seed: 0
       num_threads: null
       prepack_weights: true       # weights in oneDNN's blocked layout (faster CPU matmuls)
+      check_numerics: off         # off | warn | fail: NaN/Inf logits rows after each forward
 
 Unknown keys are an error that names them.
 """
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from pagedllm.model.kv_cache import KV_CACHE_DTYPES
 from pagedllm.persistence_config import PersistenceConfig
@@ -46,11 +48,13 @@ DEFAULT_KV_CACHE_MEMORY_BYTES = 2 << 30
 DEVICES = ("auto", "cpu", "cuda")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREEMPTION_MODES = ("recompute", "swap")
+CHECK_NUMERICS = ("off", "warn", "fail")
 
 # YAML section -> {yaml key: EngineConfig field}
 _YAML_SECTIONS: Dict[str, Dict[str, str]] = {
     "kv_cache": {
         "block_size": "block_size",
+        "expected_mean_seq_len": "expected_mean_seq_len",
         "dtype": "kv_cache_dtype",
         "memory_bytes": "kv_cache_memory_bytes",
         "num_blocks": "num_kv_blocks",
@@ -66,7 +70,8 @@ _YAML_SECTIONS: Dict[str, Dict[str, str]] = {
     },
     "runtime": {"seed": "seed", "num_threads": "num_threads",
                 "prepack_weights": "prepack_weights", "device": "device", "dtype": "dtype",
-                "gpu_memory_utilization": "gpu_memory_utilization"},
+                "gpu_memory_utilization": "gpu_memory_utilization",
+                "check_numerics": "check_numerics"},
 }
 
 
@@ -76,7 +81,12 @@ class EngineConfig:
 
     Args:
         model: checkpoint directory (Hugging Face Llama layout); None = the bundled model.
-        block_size: tokens per KV block.
+        block_size: tokens per KV block (1..256), or "auto": the seed's rule
+            max(16, 2^ceil(log2(mean sequence length / 10))) on expected_mean_seq_len (or, without
+            it, on max_model_len as a conservative proxy), resolved where the pool is built
+            (kv_sizing.resolve_block_size; kv_cache_stats()["block_size"] gives the result).
+        expected_mean_seq_len: the mean prompt + output length the workload is expected to
+            have (tokens); only block_size="auto" reads it.
         kv_cache_dtype: storage dtype of the KV cache ("auto" = the model's dtype).
         kv_cache_memory_bytes: KV pool budget in bytes (used when num_kv_blocks is None).
         num_kv_blocks: exact number of KV blocks (overrides the byte budget).
@@ -102,12 +112,17 @@ class EngineConfig:
             pool and back; falls back to recompute when the host pool is full).
         swap_space: GiB of host memory for swapped-out blocks (vLLM's name); used by
             preemption_mode="swap".
+        check_numerics: after each forward, look for NaN/Inf in the sampled logits rows:
+            "off" (default), "warn" (log a warning naming the step and the request) or "fail"
+            (finish the affected requests with an error naming the step and the request; the
+            other requests carry on).
         persistence: the persistent KV tier (a PersistenceConfig, or a mapping with its keys:
             enabled, storage_path, backend, max_bytes, hot_blocks_threshold); None: off.
     """
 
     model: Optional[str] = None
-    block_size: int = 16
+    block_size: Union[int, str] = 16
+    expected_mean_seq_len: Optional[int] = None
     kv_cache_dtype: str = "auto"
     kv_cache_memory_bytes: Optional[int] = None
     num_kv_blocks: Optional[int] = None
@@ -127,13 +142,20 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     swap_space: float = 4.0
     persistence: Optional[PersistenceConfig] = None
+    check_numerics: str = "off"
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> ValueError:
             return ValueError(f"{name} must be {expected}, got {getattr(self, name)!r}")
 
-        if not isinstance(self.block_size, int) or not 1 <= self.block_size <= 256:
-            raise bad("block_size", "an integer in [1, 256]")
+        if self.block_size != "auto" and (
+                isinstance(self.block_size, bool) or not isinstance(self.block_size, int)
+                or not 1 <= self.block_size <= 256):
+            raise bad("block_size", "an integer in [1, 256] or 'auto'")
+        if self.expected_mean_seq_len is not None and (
+                isinstance(self.expected_mean_seq_len, bool)
+                or not isinstance(self.expected_mean_seq_len, int) or self.expected_mean_seq_len < 1):
+            raise bad("expected_mean_seq_len", "an integer >= 1 (tokens) or None")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise bad("kv_cache_dtype", "one of " + ", ".join(KV_CACHE_DTYPES))
         if self.kv_cache_memory_bytes is not None and (
@@ -173,6 +195,10 @@ class EngineConfig:
         if self.preemption_mode not in PREEMPTION_MODES:
             raise bad("preemption_mode", "one of " + ", ".join(PREEMPTION_MODES))
         self.persistence = PersistenceConfig.from_value(self.persistence)
+        if self.check_numerics is False:  # YAML reads a bare `off` as false
+            self.check_numerics = "off"
+        if self.check_numerics not in CHECK_NUMERICS:
+            raise bad("check_numerics", "one of " + ", ".join(CHECK_NUMERICS))
         if (isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float))
                 or not 0.0 <= self.swap_space <= 1024.0 or self.swap_space != self.swap_space):
             raise bad("swap_space", "a number of GiB in [0, 1024]")

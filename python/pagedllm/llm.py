@@ -42,7 +42,8 @@ class LLM:
 
     Args:
         model: checkpoint directory (Hugging Face Llama layout); None = the bundled model.
-        block_size: tokens per KV block.
+        block_size: tokens per KV block, or "auto" (see EngineConfig.block_size; pass
+            expected_mean_seq_len= to size it for your workload).
         kv_cache_dtype: "auto", "fp16", "bf16", "fp8" / "fp8_e4m3", "fp8_e5m2".
         kv_cache_memory_bytes: KV pool budget in bytes (default: 2 GiB, or less when
             max_num_seqs sequences of max_model_len tokens need less).
@@ -55,7 +56,7 @@ class LLM:
         **kwargs: further EngineConfig fields (num_threads, watermark, k_scale, v_scale).
     """
 
-    def __init__(self, model: Optional[str] = None, block_size: int = 16,
+    def __init__(self, model: Optional[str] = None, block_size: Union[int, str] = 16,
                  kv_cache_dtype: str = "auto", kv_cache_memory_bytes: Optional[int] = None,
                  num_kv_blocks: Optional[int] = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: Optional[int] = None, max_model_len: Optional[int] = None,
@@ -159,8 +160,19 @@ class LLM:
     def kv_cache_stats(self) -> dict:
         """KV pool figures: num_blocks, block_size, used_blocks, cached_blocks, free_blocks,
         peak_used_blocks, tokens_stored, slots_reserved, utilization, prefix_cache_queries,
-        prefix_cache_hits (tokens), num_preemptions, evictions, cow_copies, and more."""
+        prefix_cache_hits (tokens), num_preemptions, evictions, cow_copies, shared_blocks,
+        slots_empty, internal_fragmentation, prefix_cache_hit_rate, preemptions_last_step,
+        preemptions_per_step, block_size_reason, num_numeric_errors, and more."""
         return self.engine.kv_cache_stats()
+
+    def start_trace(self, path: str) -> None:
+        """Records the following steps (generate calls on this thread) in a Chrome trace JSON
+        at `path` (see LLMEngine.start_trace); stop_trace() writes it."""
+        self.engine.start_trace(path)
+
+    def stop_trace(self) -> Optional[str]:
+        """Writes the trace started by start_trace(); its path (None: none was recorded)."""
+        return self.engine.stop_trace()
 
     def _add_all(self, prompts: list, add) -> List[str]:
         for i, p in enumerate(prompts):  # before any is added: nothing runs on a bad one

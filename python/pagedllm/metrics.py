@@ -3,8 +3,12 @@
 Two kinds of figures:
 - sampled at scrape time from the engine's published snapshot (AsyncLLMEngine.stats()): the
   gauges kv_cache_usage_perc, num_requests_running / waiting, kv_cache_used_blocks /
-  num_blocks and the cumulative counters prompt_tokens, generation_tokens,
-  prefix_cache_queries, prefix_cache_hits (tokens) and num_preemptions;
+  num_blocks, the OOM table's figures (kv_cache_free_blocks, kv_cache_cached_blocks,
+  kv_cache_shared_blocks, kv_cache_empty_slots / kv_cache_reserved_slots /
+  kv_cache_internal_fragmentation, prefix_cache_hit_rate, preemptions_last_step,
+  preemptions_per_step) and the cumulative counters prompt_tokens, generation_tokens,
+  prefix_cache_queries, prefix_cache_hits (tokens), num_preemptions, num_swap_outs / ins,
+  kv_cache_evictions and kv_cache_cow_copies;
 - observed as outputs arrive (on the engine thread): the histograms time_to_first_token_seconds,
   inter_token_latency_seconds (one sample per request per step that gave it new tokens) and
   e2e_request_latency_seconds, and the counter request_success{finished_reason}.
@@ -48,6 +52,21 @@ _GAUGES = (
     ("disk_write_queue", "disk_write_queue", "Blocks waiting to be written to the store."),
     ("disk_load_ms_per_block", "disk_load_ms_per_block",
      "Mean time to read and verify one block from the store (ms)."),
+    ("kv_cache_free_blocks", "free_blocks", "KV blocks neither held nor cached."),
+    ("kv_cache_cached_blocks", "cached_blocks",
+     "KV blocks held by no sequence but kept in the prefix cache (evictable)."),
+    ("kv_cache_shared_blocks", "shared_blocks",
+     "KV blocks held by more than one sequence (forks, beams, prefix-cache hits)."),
+    ("kv_cache_reserved_slots", "slots_reserved", "Token slots in the held KV blocks."),
+    ("kv_cache_empty_slots", "slots_empty",
+     "Empty token slots in the held KV blocks (internal fragmentation)."),
+    ("kv_cache_internal_fragmentation", "internal_fragmentation",
+     "Empty slots / slots of the held KV blocks (0..1)."),
+    ("prefix_cache_hit_rate", "prefix_cache_hit_rate",
+     "Prompt tokens served from the prefix cache / looked up, since start (0..1)."),
+    ("preemptions_last_step", "preemptions_last_step", "Sequences preempted in the last step."),
+    ("preemptions_per_step", "preemptions_per_step",
+     "Mean sequences preempted per step over the preemption-storm window."),
 )
 _COUNTERS = (
     ("prompt_tokens", "num_prompt_tokens", "Prompt tokens of accepted requests."),
@@ -56,6 +75,9 @@ _COUNTERS = (
     ("prefix_cache_hits", "prefix_cache_hits", "Prompt tokens served from the prefix cache."),
     ("num_preemptions", "num_preemptions", "Sequences preempted (swapped out or freed)."),
     ("num_swap_outs", "num_swap_outs", "Sequences preempted by swapping their blocks out."),
+    ("num_swap_ins", "num_swap_ins", "Swapped-out sequences brought back to the device pool."),
+    ("kv_cache_evictions", "evictions", "Cached KV blocks evicted from the prefix cache for room."),
+    ("kv_cache_cow_copies", "cow_copies", "Copy-on-write copies of shared KV blocks."),
     ("disk_hit_tokens", "disk_hit_tokens", "Prompt tokens loaded from the persistent store."),
     ("disk_lookup_tokens", "disk_lookup_tokens", "Prompt tokens looked up in the store."),
     ("disk_bytes_read", "disk_bytes_read", "Bytes read from the persistent store."),

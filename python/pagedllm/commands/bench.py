@@ -25,8 +25,8 @@ from typing import Dict, List
 from pagedllm.commands.bench_workload import (BenchRequest, assign_arrivals, from_file,
                                               percentiles, synthetic)
 from pagedllm.engine.llm_engine import without_request_id
-from pagedllm.commands.common import (UsageError, add_engine_args, build_engine, engine_config,
-                                      positive_int)
+from pagedllm.commands.common import (UsageError, add_engine_args, add_trace_arg, build_engine,
+                                      engine_config, positive_int, start_trace)
 
 NAME = "bench"
 HELP = "benchmark throughput and latency on a workload"
@@ -53,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_trace_arg(o)
     add_engine_args(p)
 
 
@@ -88,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     engine = build_engine(config)
     reqs = _workload(args, engine)
+    start_trace(engine, args)
     samples: List[tuple] = []
     engine.on_step = lambda s: samples.append((s["used_blocks"] / max(1, s["num_blocks"]),
                                                s["utilization"]))
@@ -119,7 +121,10 @@ def run(args: argparse.Namespace) -> int:
                     bar.update(1)
     finally:
         bar.close()
+        trace = engine.stop_trace()
     duration = time.monotonic() - start
+    if trace:
+        print(f"trace of the engine's steps written to {trace}", file=sys.stderr)
     results = summarize(list(finished.values()), duration, samples, engine.kv_cache_stats())
     results["workload"] = {
         "source": args.file or "synthetic", "num_prompts": len(reqs),

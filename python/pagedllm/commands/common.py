@@ -7,7 +7,8 @@ import dataclasses
 import re
 from typing import Any, Dict, Optional
 
-from pagedllm.config import KV_CACHE_DTYPES, MODEL_DTYPES, PREEMPTION_MODES, EngineConfig
+from pagedllm.config import (CHECK_NUMERICS, KV_CACHE_DTYPES, MODEL_DTYPES, PREEMPTION_MODES,
+                             EngineConfig)
 
 
 class CliError(Exception):
@@ -59,6 +60,13 @@ def format_bytes(n: float) -> str:
     return f"{n} B"
 
 
+def block_size_arg(text: str):
+    """argparse type of --block-size: an integer >= 1 or 'auto'."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return positive_int(text)
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
@@ -79,7 +87,8 @@ _ENGINE_FLAGS: Dict[str, str] = {
     "watermark": "watermark", "seed": "seed", "num_threads": "num_threads",
     "prepack_weights": "prepack_weights", "device": "device", "dtype": "dtype",
     "gpu_memory_utilization": "gpu_memory_utilization", "preemption_mode": "preemption_mode",
-    "swap_space": "swap_space",
+    "swap_space": "swap_space", "expected_mean_seq_len": "expected_mean_seq_len",
+    "check_numerics": "check_numerics",
 }
 # flag dest -> persistence key
 _PERSISTENCE_FLAGS: Dict[str, str] = {
@@ -99,7 +108,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--config", metavar="FILE.yaml",
                    help="engine options as YAML (sections model, kv_cache, scheduler, runtime; "
                         "see docs/USAGE.md)")
-    g.add_argument("--block-size", type=positive_int, metavar="N", help="tokens per KV block (16)")
+    g.add_argument("--block-size", type=block_size_arg, metavar="N|auto",
+                   help="tokens per KV block (16); auto: max(16, 2^ceil(log2(mean seq len / 10))) "
+                        "on --expected-mean-seq-len, else on max_model_len")
+    g.add_argument("--expected-mean-seq-len", type=positive_int, metavar="TOKENS",
+                   help="the workload's mean prompt + output length, for --block-size auto")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="KV storage dtype (auto)")
     g.add_argument("--kv-cache-memory", type=parse_size, metavar="SIZE",
                    help="KV pool budget, e.g. 512MiB (2GiB)")
@@ -130,6 +143,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "blocks to host memory (recompute)")
     g.add_argument("--swap-space", type=float, metavar="GIB",
                    help="GiB of host memory for swapped-out KV blocks (4)")
+    g.add_argument("--check-numerics", choices=CHECK_NUMERICS,
+                   help="NaN/Inf in a step's logits: off, warn (log the step and request) or "
+                        "fail (finish that request with an error) (off)")
     p = parser.add_argument_group("persistent KV tier (YAML section persistence:)")
     p.add_argument("--persistence-path", metavar="DIR",
                    help="keep full prompt blocks in a store under DIR that survives restarts "
@@ -141,6 +157,23 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--hot-blocks-threshold", type=int, metavar="N",
                    help="write a block once served N times from memory; 0: every full prompt "
                         "block when computed (0)")
+
+
+def add_trace_arg(parser: argparse.ArgumentParser) -> None:
+    """--trace FILE.json (generate, serve): a Chrome trace of the engine's steps."""
+    parser.add_argument("--trace", "--profile-trace", dest="trace", metavar="FILE.json",
+                        help="write a Chrome/Perfetto trace of every engine step (torch.profiler, "
+                             "CPU activities: schedule, execute, sample, update spans)")
+
+
+def start_trace(engine, args: argparse.Namespace) -> None:
+    """Arms the engine's step trace when --trace was given."""
+    path = getattr(args, "trace", None)
+    if path:
+        try:
+            engine.start_trace(path)
+        except ValueError as e:
+            raise UsageError(f"{e} (fix --trace)") from None
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -21,8 +21,8 @@ import time
 from typing import List, Optional, TextIO
 
 from pagedllm.engine.llm_engine import without_request_id
-from pagedllm.commands.common import (UsageError, add_engine_args, build_engine, engine_config,
-                                      positive_int)
+from pagedllm.commands.common import (UsageError, add_engine_args, add_trace_arg, build_engine,
+                                      engine_config, positive_int, start_trace)
 from pagedllm.commands.report import kv_summary
 from pagedllm.streaming import ChoiceTracker, holdback_for
 
@@ -55,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--no-echo", action="store_true", help="print only the generated text")
     o.add_argument("--quiet", action="store_true", help="no throughput / KV figures at the end")
+    add_trace_arg(o)
     add_engine_args(p)
 
 
@@ -159,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     given.update(n=args.n, stop=stops, ignore_eos=args.ignore_eos)
     _sampling_params(SamplingParams, given)  # bad flags fail before the model loads
     engine = build_engine(config)
+    start_trace(engine, args)
     defaults = {"max_tokens": DEFAULT_MAX_TOKENS, **engine.generation_defaults()}
     params = _sampling_params(SamplingParams, {**defaults, **given})
     usage: List[float] = []
@@ -179,6 +181,9 @@ def run(args: argparse.Namespace) -> int:
                 first_token = time.perf_counter()
             printer.update(index[out.request_id], out)
     elapsed = time.perf_counter() - start
+    trace = engine.stop_trace()
+    if trace:
+        print(f"trace of the engine's steps written to {trace}", file=sys.stderr)
     if not args.quiet:
         _report(engine, len(prompts), elapsed, first_token - start if first_token else None, usage)
     return 0

@@ -12,6 +12,11 @@ metrics (--metric, repeatable or comma-separated; default: all):
   ttft            mean time to first token  itl          mean inter-token latency
   e2e             mean request latency      requests     requests finished, by reason
   swapped         sequences in the host pool
+  free_blocks     free KV blocks            cached_blocks  cached (evictable) KV blocks
+  fragmentation   empty slots in held blocks (internal fragmentation)
+  shared_blocks   blocks held by more than one sequence
+  evictions       prefix-cache evictions    cow_copies   copy-on-write copies
+  preemption_rate preemptions in the last step and per step (storm window)
   disk_hits       prompt tokens loaded from the persistent store / looked up there
   or any metric name of /metrics (with or without the 'pagedllm:' prefix)
 
@@ -126,6 +131,18 @@ def _disk_hits(cur: Snapshot, prev: Optional[Snapshot]) -> str:
     return f"{100 * h / q:.1f}% ({h:.0f}/{q:.0f} tokens)" if q else "-"
 
 
+def _fragmentation(cur: Snapshot, prev: Optional[Snapshot]) -> str:
+    empty = cur[1].get(P + "kv_cache_empty_slots", 0.0)
+    slots = cur[1].get(P + "kv_cache_reserved_slots", 0.0)
+    return f"{100 * empty / slots:.1f}% ({empty:.0f} empty of {slots:.0f} slots)" if slots else "-"
+
+
+def _preemption_rate(cur: Snapshot, prev: Optional[Snapshot]) -> str:
+    last = cur[1].get(P + "preemptions_last_step", 0.0)
+    mean = cur[1].get(P + "preemptions_per_step", 0.0)
+    return f"{last:.0f} last step, {mean:.2f} per step"
+
+
 def _requests(cur: Snapshot, prev: Optional[Snapshot]) -> str:
     prefix = P + "request_success_total{"
     parts = [f"{k[len(prefix):].split('=', 1)[1].rstrip('}')} {v:.0f}"
@@ -147,6 +164,13 @@ VIEWS: Dict[str, Tuple[str, Callable]] = {
     "requests": ("requests finished", _requests),
     "swapped": ("sequences swapped", _plain(P + "num_requests_swapped")),
     "disk_hits": ("disk tier hits", _disk_hits),
+    "free_blocks": ("free blocks", _plain(P + "kv_cache_free_blocks")),
+    "cached_blocks": ("cached blocks (evictable)", _plain(P + "kv_cache_cached_blocks")),
+    "fragmentation": ("internal fragmentation", _fragmentation),
+    "shared_blocks": ("shared blocks", _plain(P + "kv_cache_shared_blocks")),
+    "evictions": ("evictions", _plain(P + "kv_cache_evictions_total")),
+    "cow_copies": ("copy-on-write copies", _plain(P + "kv_cache_cow_copies_total")),
+    "preemption_rate": ("preemptions per step", _preemption_rate),
 }
 
 

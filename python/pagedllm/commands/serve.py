@@ -25,7 +25,8 @@ import signal
 import socket
 import sys
 
-from pagedllm.commands.common import (CliError, UsageError, add_engine_args, build_engine,
+from pagedllm.commands.common import (CliError, UsageError, add_engine_args, add_trace_arg,
+                                      build_engine, start_trace,
                                       engine_config, parse_size, positive_int)
 from pagedllm.server.cli_args import add_policy_arguments, policy_settings
 
@@ -43,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: $PAGEDLLM_API_KEY, else no key)")
     h.add_argument("--served-model-name", metavar="NAME",
                    help="model id clients use (default: the checkpoint directory's name)")
+    add_trace_arg(h)
     h.add_argument("--chat-template", metavar="FILE",
                    help="Jinja2 chat template replacing the checkpoint's")
     h.add_argument("--max-request-bytes", type=parse_size, default=1 << 20, metavar="SIZE",
@@ -125,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     from pagedllm.server.chat_template import ChatTemplateError
 
     engine = build_engine(config)
+    start_trace(engine, args)
     try:
         app = create_app(engine, settings, limits)
     except ChatTemplateError as e:

@@ -267,7 +267,19 @@ class AsyncLLMEngine:
             logger.exception("engine thread failed; no further requests will run")
             self._dead = e
         finally:
+            self._stop_trace()
             self._close_all()
+
+    def _stop_trace(self) -> None:
+        """Writes a trace that LLMEngine.start_trace armed (on this thread, which ran the
+        steps: the profiler must stop where it started)."""
+        stop = getattr(self.engine, "stop_trace", None)
+        if stop is None:
+            return
+        try:
+            stop()
+        except Exception:  # noqa: BLE001 - a trace must not hide the engine's own outcome
+            logger.exception("writing the step trace failed")
 
     def _apply_add(self, item: _Add) -> None:
         if not item.accepted.set_running_or_notify_cancel():

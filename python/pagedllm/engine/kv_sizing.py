@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from pagedllm.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig
 
@@ -30,8 +31,62 @@ class KVPlan:
     block_size: int
 
 
+# Block sizes the kernels support (paged attention, cache writes: any size in this range).
+KERNEL_BLOCK_SIZES = (1, 256)
+# block_size="auto" on a GPU: the largest block size measured to pay off per architecture
+# (compute capability major.minor -> block size). Empty: pagedllm has not measured it on any
+# GPU yet (the seed's A100 64 / H100 128 / 32 are not copied here as if they had been); with
+# no entry the rule's value is used as is, bounded by the kernels only.
+GPU_BLOCK_SIZE_TABLE: Dict[str, int] = {}
+
+
+def seed_rule(mean_seq_len: float) -> int:
+    """The seed's rule: max(16, 2^ceil(log2(mean sequence length / 10)))."""
+    x = max(float(mean_seq_len) / 10.0, 1.0)
+    return max(16, 2 ** math.ceil(math.log2(x)))
+
+
+def resolve_block_size(config: EngineConfig, model_max_len: int,
+                       gpu_arch: Optional[str] = None) -> Tuple[int, str]:
+    """The block size the pool gets, and why.
+
+    Args:
+        config: the options; block_size an int (used as is) or "auto".
+        model_max_len: the model's max_position_embeddings (the proxy for the mean sequence
+            length when neither expected_mean_seq_len nor max_model_len is given).
+        gpu_arch: "major.minor" compute capability on a GPU, None on the CPU.
+    Returns:
+        (block size, reason for the log and kv_cache_stats()).
+    """
+    if config.block_size != "auto":
+        return int(config.block_size), "configured"
+    if config.expected_mean_seq_len is not None:
+        mean = config.expected_mean_seq_len
+        source = f"expected_mean_seq_len={mean}"
+    else:
+        mean = config.max_model_len or model_max_len
+        source = (f"no expected_mean_seq_len given: max_model_len={mean} taken as a conservative "
+                  f"proxy for the mean sequence length (declare expected_mean_seq_len for a "
+                  f"better fit)")
+    bs = seed_rule(mean)
+    why = f"block_size=auto: max(16, 2^ceil(log2({mean} / 10))) = {bs} ({source})"
+    lo, hi = KERNEL_BLOCK_SIZES
+    if not lo <= bs <= hi:
+        bs = min(max(bs, lo), hi)
+        why += f"; bounded to {bs} by the kernels' range [{lo}, {hi}]"
+    if gpu_arch is not None:
+        cap = GPU_BLOCK_SIZE_TABLE.get(gpu_arch)
+        if cap is None:
+            why += f"; no measured GPU table entry for sm {gpu_arch} (none measured yet)"
+        elif bs > cap:
+            bs = cap
+            why += f"; capped to {cap} by the measured table for sm {gpu_arch}"
+    return bs, why
+
+
 def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int,
-                 device_budget_bytes: Optional[int] = None) -> KVPlan:
+                 device_budget_bytes: Optional[int] = None,
+                 block_size: Optional[int] = None) -> KVPlan:
     """Decides the number of blocks and the length limit.
 
     Args:
@@ -42,13 +97,15 @@ def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int,
         model_max_len: the model's max_position_embeddings.
         device_budget_bytes: on a GPU, what the device's free memory allows (used instead of
             the 2 GiB default when no budget is configured).
+        block_size: the resolved block size (resolve_block_size); None: config.block_size,
+            which must then be an int.
     Returns:
         The plan.
     Raises:
         ValueError: the budget holds less than one sequence of the requested length; the
             message gives the tokens that fit and the knob to turn.
     """
-    bs = config.block_size
+    bs = int(config.block_size if block_size is None else block_size)
     if config.num_kv_blocks is not None:
         num_blocks = config.num_kv_blocks
         budget_desc = f"num_kv_blocks={num_blocks}"

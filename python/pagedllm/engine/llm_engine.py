@@ -20,10 +20,12 @@ import logging
 import os
 from typing import Callable, Dict, Iterable, List, Optional, Sequence as Seq, Union
 
+import numpy as np
 import torch
 
 from pagedllm import _core
 from pagedllm.config import EngineConfig
+from pagedllm.engine import kv_diagnostics, tracing
 from pagedllm.engine.executor import Executor, make_executor
 from pagedllm.engine.sampler import Sampler
 from pagedllm.engine.scheduler import Scheduler, SchedulerOutput
@@ -83,6 +85,8 @@ class LLMEngine:
 
         layout = self.executor.layout
         self.plan = layout.plan
+        self.block_size = self.plan.block_size  # resolved ("auto" is decided by the worker)
+        self.block_size_reason = getattr(layout, "block_size_reason", "configured")
         self.tier = None
         if config.persistence is not None and config.persistence.enabled:
             from pagedllm.engine.kv_tier import open_tier
@@ -90,11 +94,11 @@ class LLMEngine:
             self.tier = open_tier(config.persistence, self.model_path,
                                   [self.executor.device_description.split(", ")[-1],
                                    f"kv:{config.kv_cache_dtype}:{config.k_scale}:{config.v_scale}",
-                                   f"block_size:{config.block_size}"],
-                                  config.block_size, self.plan.bytes_per_block)
+                                   f"block_size:{self.block_size}"],
+                                  self.block_size, self.plan.bytes_per_block)
             self.executor.set_kv_tier(self.tier)
         self.max_model_len = self.plan.max_model_len
-        self.kv_manager = _core.KVCacheManager(self.plan.num_blocks, config.block_size,
+        self.kv_manager = _core.KVCacheManager(self.plan.num_blocks, self.block_size,
                                                config.enable_prefix_caching,
                                                self.plan.watermark_blocks)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs,
@@ -107,6 +111,10 @@ class LLMEngine:
         self.num_prompt_tokens = 0
         self.num_steps = 0
         self.num_failed_steps = 0
+        self.num_numeric_errors = 0  # steps whose logits had NaN/Inf (check_numerics)
+        # Preemptions per step; a rate-limited warning with the OOM table's diagnosis on storms.
+        self.kv_monitor = kv_diagnostics.PreemptionMonitor()
+        self.tracer: Optional[tracing.StepTracer] = None  # start_trace()
         # Called after each step is scheduled with the KV pool's stats (benchmarks, monitors).
         self.on_step: Optional[Callable[[dict], None]] = None
 
@@ -132,6 +140,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Stops the executor's workers (pending KV transfers finish first) and closes the
         persistent tier (queued writes reach the disk first)."""
+        self.stop_trace()
         self.executor.shutdown()
         if self.tier is not None:
             self.tier.close()
@@ -185,19 +194,19 @@ class LLMEngine:
         if total > self.max_model_len:
             why = ""
             if self.config.max_model_len is None and self.max_model_len < self.model_config.max_position_embeddings:
-                why = (f"; the KV pool ({self.plan.num_blocks} blocks of {self.config.block_size} "
-                       f"tokens) set that limit: raise kv_cache_memory_bytes or num_kv_blocks")
+                why = (f"; the KV pool ({self.plan.num_blocks} blocks of {self.block_size} "
+                       f"tokens) set that limit ({kv_diagnostics.LONG_OOM}: too few blocks): "
+                       f"raise kv_cache_memory_bytes or num_kv_blocks")
             raise ValueError(
                 f"request {request_id}: prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
                 f"{total} exceeds max_model_len ({self.max_model_len}){why}")
-        bs = self.config.block_size
+        bs = self.block_size
         need = -(-total // bs)
         admit = -(-len(ids) // bs)
         if need > self.plan.num_blocks or admit > self.plan.num_blocks - self.plan.watermark_blocks:
-            raise ValueError(
-                f"request {request_id}: {total} tokens need {need} KV blocks but the pool has "
-                f"{self.plan.num_blocks} (block_size {bs}); raise kv_cache_memory_bytes or "
-                f"num_kv_blocks, or lower max_tokens")
+            raise ValueError(kv_diagnostics.admission_error(
+                request_id, len(ids), total, need, admit, self.plan.num_blocks,
+                self.plan.watermark_blocks, bs, self.plan.bytes_per_block, self.pool_stats()))
 
     def add_request(self, request_id: Optional[str], prompt: PromptType,
                     params: Optional[SamplingParams] = None, arrival_time: Optional[float] = None,
@@ -283,7 +292,19 @@ class LLMEngine:
             the finished ones when stream_outputs is False), and for every request the step
             failed (finish_reason "error", `error` set).
         """
-        out = self.scheduler.schedule()
+        if self.tracer is None:
+            return self._step(tracing.no_span)
+        from torch.profiler import record_function
+
+        self.tracer.ensure_started()
+        self.tracer.num_steps += 1
+        with record_function("pagedllm.step"):
+            return self._step(record_function)
+
+    def _step(self, span) -> List[RequestOutput]:
+        with span("pagedllm.schedule"):
+            out = self.scheduler.schedule()
+            self.kv_monitor.observe(self.scheduler.num_preemptions, self._diagnose_pressure)
         if out.is_empty:
             if self.tier is not None and self.scheduler.has_work:
                 self.tier.wait_for_prefetch()  # waiting only for disk reads: block, not spin
@@ -291,7 +312,8 @@ class LLMEngine:
         if self.on_step is not None:
             self.on_step(self.kv_manager.stats())
         try:
-            result = self.executor.execute_model(out)
+            with span("pagedllm.execute"):
+                result = self.executor.execute_model(out)
         except Exception as e:  # noqa: BLE001 - the step's requests fail, not the engine
             self._fail(out, f"the model step failed: {type(e).__name__}: {e}")
             # Blocks this step filled were registered in the prefix cache before their K/V were
@@ -299,13 +321,31 @@ class LLMEngine:
             self.kv_manager.reset_prefix_cache()
             return self.scheduler.take_failed_outputs()
         self.num_steps += 1
-        results = self._sample(out, result.logits)
+        with span("pagedllm.sample"):
+            if self.config.check_numerics != "off" and result.logits is not None:
+                self._check_numerics(out, result.logits)
+            results = self._sample(out, result.logits)
         try:
-            return self.scheduler.update_from_output(out, result.logits, result.prompt_logits,
-                                                     results)
+            with span("pagedllm.update"):
+                return self.scheduler.update_from_output(out, result.logits, result.prompt_logits,
+                                                         results)
         except Exception as e:  # noqa: BLE001
             self._fail(out, f"applying the step's results failed: {type(e).__name__}: {e}")
             return self.scheduler.take_failed_outputs()
+
+    # --- traces -------------------------------------------------------------------------------
+    def start_trace(self, path: str) -> None:
+        """Records the following steps in a Chrome trace (engine/tracing.py); the profiler
+        starts on the thread that runs the next step. Call stop_trace() on that thread."""
+        if self.tracer is not None:
+            raise RuntimeError(f"a trace to {self.tracer.path} is already being recorded")
+        self.tracer = tracing.StepTracer(path)
+
+    def stop_trace(self) -> Optional[str]:
+        """Writes the trace started by start_trace(); returns its path (None: no trace, or no
+        step ran)."""
+        tracer, self.tracer = self.tracer, None
+        return tracer.stop() if tracer is not None else None
 
     def _sample(self, out: SchedulerOutput, logits) -> list:
         """Draws every target's token; on an error, draws one request at a time and fails the
@@ -335,6 +375,44 @@ class LLMEngine:
         placeholder = next((r for r in results if r is not None), None)
         return [r if r is not None else placeholder for r in results]
 
+    def _check_numerics(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
+        """check_numerics: finds logits rows with NaN/Inf (one isfinite over the host logits)
+        and warns about, or fails, the requests they belong to."""
+        # A row with a NaN/Inf has a non-finite sum (30x cheaper than isfinite over every
+        # element of a large vocabulary); candidates (a finite sum can also overflow) are then
+        # confirmed element-wise.
+        candidates = torch.nonzero(~torch.isfinite(logits.sum(dim=-1))).flatten()
+        if not candidates.numel():
+            return
+        confirmed = ~torch.isfinite(logits[candidates]).all(dim=-1)
+        bad_rows = candidates[confirmed]
+        if not bad_rows.numel():
+            return
+        self.num_numeric_errors += 1
+        rows = set(bad_rows.tolist())
+        where = {e.seq.seq_id: e.context_len - 1 for e in out.scheduled}
+        hits: Dict[str, tuple] = {}
+        for t in out.sample_targets:
+            if t.row in rows:
+                hits.setdefault(t.seq.request.request_id, (t.seq, t.row))
+        for row, seq in out.beam_rows:
+            if row in rows:
+                hits.setdefault(seq.request.request_id, (seq, row))
+        for rid, (seq, row) in hits.items():
+            pos = where.get(seq.seq_id, seq.num_tokens - 1)
+            message = (f"numeric check: NaN/Inf in the logits at step {self.num_steps} for request "
+                       f"{rid} (sequence {seq.index}, position {pos}, logits row {row})")
+            if self.config.check_numerics == "warn":
+                logger.warning("%s", message)
+                continue
+            logger.error("%s; failing the request", message)
+            self.scheduler.fail_request(seq.request, message)
+        if self.config.check_numerics == "fail":
+            with torch.inference_mode():  # the failed requests' draws are skipped: keep the
+                logits[bad_rows] = 0.0    # sampler away from NaN
+            # Their blocks hold non-finite K/V: never serve them from the prefix cache.
+            self.kv_manager.reset_prefix_cache()
+
     def _fail(self, out: SchedulerOutput, message: str) -> None:
         self.num_failed_steps += 1
         logger.error("step failed; failing its %d requests: %s",
@@ -350,9 +428,31 @@ class LLMEngine:
         return self.scheduler.pop_beam_result(request_id, self.tokenizer)
 
     # --- introspection ------------------------------------------------------------------------
+    def pool_stats(self) -> dict:
+        """KVCacheManager.stats() plus shared_blocks: distinct blocks that more than one
+        sequence holds (forks, beams, prefix-cache hits), counted over the block tables."""
+        s = self.kv_manager.stats()
+        held = [q.seq_id for r in self.requests.values() for q in r.seqs
+                if self.kv_manager.contains(q.seq_id)]
+        s["shared_blocks"] = kv_diagnostics.count_shared_blocks(
+            self.kv_manager.block_tables(np.asarray(held, dtype=np.int64), -1),
+            self.kv_manager.refcount) if held else 0
+        return s
+
+    def _diagnose_pressure(self) -> "kv_diagnostics.Diagnosis":
+        running = self.scheduler.running
+        mean = sum(q.num_tokens for q in running) / len(running) if running else 0.0
+        return kv_diagnostics.diagnose_pressure(
+            self.pool_stats(), len({q.request.request_id for q in running}), mean,
+            self.config.enable_prefix_caching)
+
     def kv_cache_stats(self) -> dict:
         """KV pool figures (see LLM.kv_cache_stats)."""
-        s = self.kv_manager.stats()
+        s = self.pool_stats()
+        s["preemptions_last_step"] = self.kv_monitor.last_step
+        s["preemptions_per_step"] = self.kv_monitor.per_step
+        s["prefix_cache_hit_rate"] = kv_diagnostics.hit_rate(s)
+        s["internal_fragmentation"] = kv_diagnostics.fragmentation(s)
         s["num_preemptions"] = self.scheduler.num_preemptions
         s["num_swap_outs"] = self.scheduler.num_swap_outs
         s["num_swap_ins"] = self.scheduler.num_swap_ins
@@ -361,9 +461,11 @@ class LLMEngine:
             s["host_blocks"] = self.scheduler.host.capacity
             s["host_free_blocks"] = self.scheduler.host.num_free
         s["num_failed_steps"] = self.num_failed_steps
+        s["num_numeric_errors"] = self.num_numeric_errors
         s["device"] = self.executor.device_description
         if self.tier is not None:
             s.update(self.tier.stats())
+        s["block_size_reason"] = self.block_size_reason
         s["kv_cache_dtype"] = self.config.kv_cache_dtype
         s["bytes_per_block"] = self.plan.bytes_per_block
         s["kv_cache_bytes"] = self.plan.bytes_per_block * self.plan.num_blocks

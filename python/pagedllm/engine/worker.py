@@ -18,7 +18,7 @@ import torch
 from pagedllm.config import EngineConfig
 from pagedllm.engine import device as devices
 from pagedllm.engine.host_swap import HostSwapPool
-from pagedllm.engine.kv_sizing import KVPlan, plan_kv_pool
+from pagedllm.engine.kv_sizing import KVPlan, plan_kv_pool, resolve_block_size
 from pagedllm.engine.kv_transfer import KVTransferEngine
 from pagedllm.engine.model_runner import ModelOutput, ModelRunner
 from pagedllm.engine.scheduler import SchedulerOutput
@@ -36,12 +36,16 @@ class KVLayout:
     """What the scheduler needs to know of the pools the worker built.
 
     Attributes:
-        plan: the device pool (blocks, bytes per block, max_model_len, watermark).
+        plan: the device pool (blocks, bytes per block, max_model_len, watermark, the
+            resolved block size).
         num_host_blocks: blocks in the host swap pool (0: none).
+        block_size_reason: why the pool has plan.block_size ("configured", or block_size
+            auto's rule and inputs).
     """
 
     plan: KVPlan
     num_host_blocks: int
+    block_size_reason: str = "configured"
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -84,15 +88,23 @@ class Worker:
             prepack=config.prepack_weights and not on_gpu and self.dtype != torch.float16)
         self.model = model.to(self.device) if on_gpu else model
 
-        bytes_per_block = PagedKVCache.bytes_per_block(self.model_config, config.block_size,
+        arch = None
+        if on_gpu:
+            major, minor = torch.cuda.get_device_capability(self.device)
+            arch = f"{major}.{minor}"
+        block_size, self.block_size_reason = resolve_block_size(
+            config, self.model_config.max_position_embeddings, arch)
+        if config.block_size == "auto":
+            logger.info("%s", self.block_size_reason)
+        bytes_per_block = PagedKVCache.bytes_per_block(self.model_config, block_size,
                                                        config.kv_cache_dtype, self.dtype)
         device_budget = None
         if on_gpu and config.num_kv_blocks is None and config.kv_cache_memory_bytes is None:
             device_budget = devices.gpu_kv_budget_bytes(
                 self.device, config.gpu_memory_utilization, _GPU_ACTIVATION_RESERVE)
         plan = plan_kv_pool(config, bytes_per_block, self.model_config.max_position_embeddings,
-                            device_budget)
-        self.kv_cache = PagedKVCache(self.model_config, plan.num_blocks, config.block_size,
+                            device_budget, block_size)
+        self.kv_cache = PagedKVCache(self.model_config, plan.num_blocks, plan.block_size,
                                      config.kv_cache_dtype, config.k_scale, config.v_scale,
                                      dtype=self.dtype, device=self.device)
         num_host_blocks = 0
@@ -116,12 +128,12 @@ class Worker:
             _core.cuda.set_validation("deferred")
         if num_host_blocks:
             self.host_pool = HostSwapPool(self.kv_cache.pool, num_host_blocks, self.streams)
-        self.layout = KVLayout(plan, num_host_blocks)
+        self.layout = KVLayout(plan, num_host_blocks, self.block_size_reason)
         self.transfer = KVTransferEngine(self.kv_cache, self.host_pool, self.streams)
         self.model_runner = ModelRunner(self.model, self.kv_cache)
         logger.info("worker: %s, %s weights, %d KV blocks of %d tokens (%.1f MiB)%s",
                     self.device, str(self.dtype).replace("torch.", ""), plan.num_blocks,
-                    config.block_size, plan.num_blocks * bytes_per_block / (1 << 20),
+                    plan.block_size, plan.num_blocks * bytes_per_block / (1 << 20),
                     f", {num_host_blocks} host swap blocks" if num_host_blocks else "")
 
     def execute_model(self, out: SchedulerOutput) -> ModelOutput:

@@ -1,0 +1,497 @@
+"""Diagnostics and tuning (issue 17): block_size="auto", the OOM table as errors and warnings,
+the KV metrics behind it, numeric checks and timeline traces."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import pytest
+
+from engine_fixtures import assert_pool_clean, engine_model_dir, mixed_prompts  # noqa: F401
+from pagedllm import LLM, SamplingParams
+from pagedllm.config import EngineConfig
+from pagedllm.engine.kv_sizing import GPU_BLOCK_SIZE_TABLE, resolve_block_size, seed_rule
+
+
+def greedy(max_tokens=8):
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def tok(prompts):
+    return [{"prompt_token_ids": p} for p in prompts]
+
+
+# --- block_size="auto" --------------------------------------------------------------------------
+@pytest.mark.parametrize("mean, expected", [(1, 16), (100, 16), (160, 16), (161, 32), (191, 32),
+                                            (640, 64), (1000, 128), (2000, 256), (100000, 256)])
+def test_auto_block_size_on_declared_lengths(mean, expected):
+    cfg = EngineConfig(block_size="auto", expected_mean_seq_len=mean)
+    bs, why = resolve_block_size(cfg, model_max_len=4096)
+    assert bs == expected
+    assert f"expected_mean_seq_len={mean}" in why
+    if seed_rule(mean) > 256:
+        assert "bounded to 256 by the kernels" in why
+
+
+def test_auto_block_size_without_a_declared_length_uses_max_model_len_and_says_so():
+    bs, why = resolve_block_size(EngineConfig(block_size="auto"), model_max_len=1024)
+    assert bs == 128 and "max_model_len=1024" in why and "proxy" in why
+    bs, why = resolve_block_size(EngineConfig(block_size="auto", max_model_len=300), 1024)
+    assert bs == 32 and "max_model_len=300" in why
+
+
+def test_auto_block_size_gpu_table_is_unmeasured_and_explicit_sizes_pass_through():
+    assert GPU_BLOCK_SIZE_TABLE == {}  # nothing measured on a GPU yet: no copied numbers
+    bs, why = resolve_block_size(EngineConfig(block_size="auto", expected_mean_seq_len=640),
+                                 4096, gpu_arch="9.0")
+    assert bs == 64 and "no measured GPU table entry" in why
+    assert resolve_block_size(EngineConfig(block_size=8), 4096) == (8, "configured")
+
+
+def test_auto_block_size_config_yaml_and_cli(tmp_path):
+    with pytest.raises(ValueError, match="block_size"):
+        EngineConfig(block_size="big")
+    with pytest.raises(ValueError, match="expected_mean_seq_len"):
+        EngineConfig(block_size="auto", expected_mean_seq_len=0)
+    path = tmp_path / "c.yaml"
+    path.write_text("kv_cache:\n  block_size: auto\n  expected_mean_seq_len: 500\n")
+    cfg = EngineConfig.from_yaml(str(path))
+    assert cfg.block_size == "auto" and cfg.expected_mean_seq_len == 500
+    from pagedllm.commands.common import add_engine_args, engine_config
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    cfg = engine_config(p.parse_args(["--block-size", "auto", "--expected-mean-seq-len", "300"]))
+    assert cfg.block_size == "auto" and cfg.expected_mean_seq_len == 300
+    assert engine_config(p.parse_args(["--block-size", "8"])).block_size == 8
+
+
+def test_auto_block_size_in_the_engine(engine_model_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="pagedllm"):
+        llm = LLM(engine_model_dir, block_size="auto", expected_mean_seq_len=300,
+                  num_kv_blocks=32)
+    assert any("block_size=auto" in r.getMessage() and "= 32" in r.getMessage()
+               for r in caplog.records)
+    stats = llm.kv_cache_stats()
+    assert stats["block_size"] == 32 and "expected_mean_seq_len=300" in stats["block_size_reason"]
+    assert llm.engine.config.block_size == "auto"
+    outs = llm.generate(tok(mixed_prompts(4, seed=3, hi=40)), greedy(), use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
+    # The same tokens as an explicit block size of 32.
+    ref = LLM(engine_model_dir, block_size=32, num_kv_blocks=32)
+    refs = ref.generate(tok(mixed_prompts(4, seed=3, hi=40)), greedy(), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in refs]
+    assert_pool_clean(llm)
+
+
+# --- the OOM table as behaviour ---------------------------------------------------------------
+from pagedllm.engine import kv_diagnostics as kd  # noqa: E402
+
+
+def _stats(**kw):
+    s = dict(num_blocks=100, block_size=16, used_blocks=100, cached_blocks=0, free_blocks=0,
+             slots_reserved=1600, slots_empty=100, prefix_cache_queries=0, prefix_cache_hits=0,
+             shared_blocks=0)
+    s.update(kw)
+    return s
+
+
+def test_pressure_short_sequences_mean_block_too_large():
+    d = kd.diagnose_pressure(_stats(block_size=64, slots_reserved=6400, slots_empty=3200),
+                             num_running=4, mean_seq_len=40, prefix_caching=True)
+    assert d.symptom == kd.SHORT_OOM and "block too large" in d.cause
+    assert "block_size" in d.knob and "now 64" in d.knob
+    assert "3200 empty slots in held blocks (50.0%)" in d.numbers
+
+
+def test_pressure_long_sequences_mean_too_few_blocks():
+    d = kd.diagnose_pressure(_stats(), num_running=3, mean_seq_len=900, prefix_caching=True)
+    assert d.symptom == kd.LONG_OOM and "too few blocks" in d.cause
+    assert "num_kv_blocks" in d.knob and "kv_cache_memory_bytes" in d.knob
+    assert "0 free of 100" in d.numbers and "0 cached (evictable)" in d.numbers
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_pressure_under_concurrency_means_prefix_sharing_not_working(prefix_caching):
+    s = _stats(shared_blocks=1, prefix_cache_queries=1000, prefix_cache_hits=10)
+    d = kd.diagnose_pressure(s, num_running=32, mean_seq_len=200, prefix_caching=prefix_caching)
+    assert d.symptom == kd.CONCURRENCY_OOM
+    assert "enable_prefix_caching" in d.cause + d.knob
+    if prefix_caching:
+        assert "not working" in d.cause and "1 of 100 held blocks shared" in d.cause
+        assert "hit rate 1.0%" in d.cause
+    # Sharing that works is not this symptom: the pool is just too small.
+    d = kd.diagnose_pressure(_stats(shared_blocks=40), num_running=32, mean_seq_len=200,
+                             prefix_caching=True)
+    assert d.symptom == kd.LONG_OOM
+
+
+def test_shared_blocks_counts_distinct_blocks_held_twice():
+    assert kd.count_shared_blocks([[0, 1, 2], [0, 1, 3], [7]]) == 2
+    assert kd.count_shared_blocks([]) == 0
+    import numpy as np
+
+    padded = np.array([[0, 1, 0], [0, 1, 2], [3, 0, 0]])  # padded with 0; block 0 held twice
+    assert kd.count_shared_blocks(padded, {0: 2}.get) == 2
+    assert kd.count_shared_blocks(padded, {0: 1}.get) == 1
+
+
+def test_preemption_storm_warning_is_rate_limited(caplog):
+    now = [0.0]
+    m = kd.PreemptionMonitor(window_steps=4, threshold=5, interval_s=10.0, clock=lambda: now[0])
+    diag = kd.Diagnosis(kd.LONG_OOM, "too few blocks", "raise num_kv_blocks", "0 free of 8")
+    total = 0
+    with caplog.at_level(logging.WARNING, logger="pagedllm"):
+        for step in range(40):
+            total += 2
+            now[0] = step * 0.5  # 20 s in all: at most one warning per 10 s -> 2
+            m.observe(total, lambda: diag)
+    warnings = [r.getMessage() for r in caplog.records if "preemption storm" in r.getMessage()]
+    assert len(warnings) == 2 == m.num_warnings
+    assert "6 preemptions in the last 3 steps (2.00 per step)" in warnings[0]
+    assert "8 preemptions in the last 4 steps (2.00 per step)" in warnings[1]
+    assert "too few blocks" in warnings[0] and "num_kv_blocks" in warnings[0]
+    assert m.last_step == 2 and m.per_step == 2.0
+    # Quiet steps drain the window: no storm, no warning.
+    for step in range(8):
+        now[0] = 100.0 + step
+        assert m.observe(total, lambda: diag) is None
+    assert m.per_step == 0.0
+
+
+def test_admission_error_long_sequence_names_blocks_and_knob(engine_model_dir):
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=20, watermark=0.5)
+    with pytest.raises(ValueError) as e:
+        llm.engine.add_request("r", {"prompt_token_ids": list(range(3, 63))}, greedy(4))
+    msg = str(e.value)
+    assert kd.LONG_OOM in msg and "too few blocks" in msg
+    assert "64 tokens need 16 KV blocks but the pool has 20" in msg
+    assert "needs 15 to be admitted, 10 admissible with watermark 10" in msg
+    assert "20 free of 20" in msg and "cached (evictable)" in msg and "shared blocks" in msg
+    assert "raise num_kv_blocks to at least 25" in msg
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_admission_error_short_sequence_names_block_size(engine_model_dir):
+    llm = LLM(engine_model_dir, block_size=64, num_kv_blocks=2, watermark=0.5)
+    with pytest.raises(ValueError) as e:
+        llm.engine.add_request("r", {"prompt_token_ids": list(range(3, 73))}, greedy(4))
+    msg = str(e.value)
+    assert kd.SHORT_OOM in msg and "block too large" in msg
+    assert "lower block_size" in msg and "e.g. 16" in msg and "8 blocks" in msg
+
+
+def test_preemption_storm_on_the_real_engine(engine_model_dir, caplog):
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=40, max_num_batched_tokens=64,
+              max_num_seqs=32, watermark=0.0)
+    llm.engine.kv_monitor.threshold = 4
+    with caplog.at_level(logging.WARNING, logger="pagedllm"):
+        outs = llm.generate(tok(mixed_prompts(24, seed=7)), greedy(12), use_tqdm=False)
+    assert all(o.outputs[0].finish_reason == "length" for o in outs)
+    stats = llm.kv_cache_stats()
+    assert stats["num_preemptions"] >= 4
+    warnings = [r.getMessage() for r in caplog.records if "preemption storm" in r.getMessage()]
+    assert warnings and llm.engine.kv_monitor.num_warnings == len(warnings)
+    d = llm.engine.kv_monitor.last_diagnosis
+    assert d.symptom in (kd.SHORT_OOM, kd.LONG_OOM, kd.CONCURRENCY_OOM)
+    assert "free of 40" in warnings[0] and "Knob:" in warnings[0]
+    assert_pool_clean(llm)
+
+
+# --- KV metrics (/metrics, monitor) -------------------------------------------------------------
+def _scrape(metrics):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {s.name: s.value for fam in text_string_to_metric_families(metrics.render().decode())
+            for s in fam.samples}
+
+
+def _drain(engine, seen):
+    while engine.has_unfinished_requests():
+        engine.step()
+        s = engine.kv_cache_stats()
+        for k in ("shared_blocks", "preemptions_last_step", "slots_empty"):
+            seen[k] = max(seen.get(k, 0), s[k])
+
+
+def test_kv_metrics_move_on_a_scripted_workload(engine_model_dir):
+    from pagedllm.metrics import EngineMetrics
+
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=24, watermark=0.0,
+              max_num_seqs=8, max_num_batched_tokens=64)
+    engine = llm.engine
+    m = EngineMetrics(engine.kv_cache_stats, "t")
+    P = "pagedllm:"
+    got = _scrape(m)
+    assert got[P + "kv_cache_free_blocks"] == 24 and got[P + "kv_cache_cached_blocks"] == 0
+    assert got[P + "kv_cache_shared_blocks"] == 0 and got[P + "kv_cache_evictions_total"] == 0
+    prompt = list(range(10, 40))  # 30 tokens: 7 full blocks + a partial one
+    # 1. Two samples of one prompt share its blocks; their first tokens copy the partial block.
+    engine.add_request("fork", {"prompt_token_ids": prompt},
+                       SamplingParams(n=2, temperature=1.0, max_tokens=4, ignore_eos=True, seed=1))
+    engine.step()
+    got = _scrape(m)
+    assert got[P + "kv_cache_shared_blocks"] >= 7
+    assert got[P + "kv_cache_free_blocks"] < 24
+    assert got[P + "kv_cache_empty_slots"] > 0
+    assert 0 < got[P + "kv_cache_internal_fragmentation"] < 1
+    seen = {}
+    _drain(engine, seen)
+    got = _scrape(m)
+    assert got[P + "kv_cache_cow_copies_total"] >= 1
+    assert got[P + "kv_cache_cached_blocks"] >= 7  # freed, kept in the prefix cache
+    assert got[P + "kv_cache_shared_blocks"] == 0 and got[P + "kv_cache_empty_slots"] == 0
+    # 2. The same prompt again hits the prefix cache.
+    before = got[P + "prefix_cache_hit_rate"]
+    engine.add_request("again", {"prompt_token_ids": prompt}, greedy(2))
+    _drain(engine, seen)
+    got = _scrape(m)
+    assert got[P + "prefix_cache_hit_rate"] > before
+    assert got[P + "prefix_cache_hits_total"] >= 28
+    # 3. Distinct prompts that overfill the pool evict the cached blocks and preempt.
+    for i, p in enumerate(mixed_prompts(5, seed=11, lo=40, hi=50)):
+        engine.add_request(f"big{i}", {"prompt_token_ids": p}, greedy(20))
+    _drain(engine, seen)
+    got = _scrape(m)
+    assert got[P + "kv_cache_evictions_total"] >= 1
+    assert got[P + "num_preemptions_total"] >= 1 and seen["preemptions_last_step"] >= 1
+    assert got[P + "preemptions_per_step"] > 0
+    assert_pool_clean(llm)
+
+
+def test_monitor_shows_the_kv_table_figures():
+    from pagedllm.commands import monitor
+
+    P = "pagedllm:"
+    samples = {P + "kv_cache_free_blocks": 5.0, P + "kv_cache_cached_blocks": 7.0,
+               P + "kv_cache_empty_slots": 30.0, P + "kv_cache_reserved_slots": 120.0,
+               P + "kv_cache_shared_blocks": 3.0, P + "kv_cache_evictions_total": 11.0,
+               P + "kv_cache_cow_copies_total": 2.0, P + "preemptions_last_step": 4.0,
+               P + "preemptions_per_step": 0.75, P + "prefix_cache_queries_total": 10.0,
+               P + "prefix_cache_hits_total": 5.0}
+    views = monitor.resolve_metrics(["free_blocks,cached_blocks,fragmentation,shared_blocks",
+                                     "evictions,cow_copies,preemption_rate,prefix_hits"])
+    lines = monitor.render("http://x", views, (1.0, samples), None)
+    body = "\n".join(lines)
+    for label, value in [("free blocks", "5"), ("cached blocks (evictable)", "7"),
+                         ("shared blocks", "3"), ("evictions", "11"),
+                         ("copy-on-write copies", "2")]:
+        assert any(l.strip().startswith(label) and l.split()[-1] == value for l in lines), label
+    assert "25.0% (30 empty of 120 slots)" in body
+    assert "4 last step, 0.75 per step" in body
+    assert "50.0% (5/10 tokens)" in body
+    assert set(monitor.VIEWS) >= {"free_blocks", "cached_blocks", "fragmentation",
+                                  "shared_blocks", "evictions", "cow_copies", "preemption_rate"}
+
+
+# --- numeric checks -------------------------------------------------------------------------------
+MARK = 511  # token id whose embedding the test poisons with NaN
+
+
+def _poison(llm):
+    """NaN in the activations of every token equal to MARK (a forward hook on the embedding):
+    the request holding one gets non-finite hidden states, K/V and logits from there on."""
+    import torch
+
+    model = llm.engine.executor.worker.model
+
+    def hook(module, args, output):
+        (ids,) = args
+        output[ids == MARK] = float("nan")
+        return output
+    return model.embed_tokens.register_forward_hook(hook)
+
+
+@pytest.fixture
+def numeric_prompts():
+    good = mixed_prompts(3, seed=21, lo=10, hi=30)
+    bad = mixed_prompts(1, seed=22, lo=20, hi=20)[0]
+    bad[12] = MARK
+    return good, bad
+
+
+def test_check_numerics_config_yaml_cli(tmp_path):
+    assert EngineConfig().check_numerics == "off"
+    with pytest.raises(ValueError, match="check_numerics"):
+        EngineConfig(check_numerics="loud")
+    path = tmp_path / "c.yaml"
+    path.write_text("runtime:\n  check_numerics: fail\n")
+    assert EngineConfig.from_yaml(str(path)).check_numerics == "fail"
+    path.write_text("runtime:\n  check_numerics: off\n")  # YAML's off is false
+    assert EngineConfig.from_yaml(str(path)).check_numerics == "off"
+    from pagedllm.commands.common import add_engine_args, engine_config
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    assert engine_config(p.parse_args(["--check-numerics", "warn"])).check_numerics == "warn"
+
+
+def test_check_numerics_fail_fails_that_request_alone_and_leaks_nothing(
+        engine_model_dir, numeric_prompts, caplog):
+    good, bad = numeric_prompts
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64, check_numerics="fail")
+    ref = LLM(engine_model_dir, block_size=4, num_kv_blocks=64)
+    expected = [o.outputs[0].token_ids for o in ref.generate(tok(good + [bad]), greedy(),
+                                                             use_tqdm=False)]
+    handle = _poison(llm)
+    with caplog.at_level(logging.ERROR, logger="pagedllm"):
+        outs = llm.generate(tok(good[:1] + [bad] + good[1:]), greedy(), use_tqdm=False)
+    handle.remove()
+    failed = outs[1]
+    assert failed.outputs[0].finish_reason == "error"
+    assert "numeric check: NaN/Inf in the logits at step" in failed.error
+    assert f"for request {failed.request_id}" in failed.error and "position 19" in failed.error
+    assert any("numeric check" in r.getMessage() for r in caplog.records)
+    others = [outs[0]] + outs[2:]
+    assert [o.outputs[0].finish_reason for o in others] == ["length"] * 3
+    assert [o.outputs[0].token_ids for o in others] == expected[:3]
+    assert llm.kv_cache_stats()["num_numeric_errors"] >= 1
+    assert_pool_clean(llm)
+    # Nothing poisoned stays in the prefix cache: the same prompt, unpoisoned, gives the
+    # reference's tokens (its blocks are computed again, not served from the NaN ones).
+    (again,) = llm.generate(tok([bad]), greedy(), use_tqdm=False)
+    assert again.outputs[0].finish_reason == "length", again.error
+    assert again.outputs[0].token_ids == expected[3]
+
+
+def test_check_numerics_warn_and_off(engine_model_dir, numeric_prompts, caplog):
+    good, bad = numeric_prompts
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64, check_numerics="warn")
+    handle = _poison(llm)
+    with caplog.at_level(logging.WARNING, logger="pagedllm"):
+        outs = llm.generate(tok([good[0], bad]), greedy(2), use_tqdm=False)
+    handle.remove()
+    warned = [r.getMessage() for r in caplog.records if "numeric check" in r.getMessage()]
+    assert warned and f"for request {outs[1].request_id}" in warned[0] and "step" in warned[0]
+    assert outs[0].outputs[0].finish_reason == "length"
+    off = LLM(engine_model_dir, block_size=4, num_kv_blocks=64)
+    handle = _poison(off)
+    off.generate(tok([good[0], bad]), greedy(2), use_tqdm=False)
+    handle.remove()
+    assert off.kv_cache_stats()["num_numeric_errors"] == 0
+
+
+def test_check_numerics_finds_inf_and_ignores_finite_overflowing_rows(engine_model_dir):
+    """The row-sum prefilter: an Inf row is found; a finite row whose sum overflows is not."""
+    import torch
+
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64, check_numerics="fail")
+    engine = llm.engine
+    seen = {}
+    real = engine._check_numerics
+
+    def tamper(out, logits):
+        with torch.inference_mode():
+            for t in out.sample_targets:
+                if t.seq.request.request_id == "inf":
+                    logits[t.row, 5] = float("inf")
+                elif t.seq.request.request_id == "big":
+                    logits[t.row, :] = 3e38  # finite; the row's sum overflows
+        seen["called"] = True
+        return real(out, logits)
+    engine._check_numerics = tamper
+    for rid in ("inf", "big"):
+        engine.add_request(rid, {"prompt_token_ids": [5, 6, 7]}, greedy(2))
+    outs = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            outs[o.request_id] = o
+    assert seen["called"]
+    assert outs["inf"].outputs[0].finish_reason == "error" and "request inf" in outs["inf"].error
+    assert outs["big"].outputs[0].finish_reason == "length"
+    assert_pool_clean(llm)
+
+
+# --- timeline traces ------------------------------------------------------------------------------
+def _step_events(path):
+    import json
+
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted((e for e in events if e["name"] == "pagedllm.step"), key=lambda e: e["ts"])
+    inner = [e for e in events if e["name"] in ("pagedllm.schedule", "pagedllm.execute",
+                                                 "pagedllm.sample", "pagedllm.update")]
+    return steps, inner
+
+
+def _assert_spans_in_order(steps, inner):
+    from pagedllm.engine.tracing import STEP_SPANS
+
+    full = 0
+    for s in steps:
+        lo, hi = s["ts"], s["ts"] + s["dur"]
+        names = [e["name"] for e in sorted(inner, key=lambda e: e["ts"])
+                 if lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 1]
+        assert names[:1] == ["pagedllm.schedule"], names
+        assert names in (list(STEP_SPANS), ["pagedllm.schedule"]), names
+        full += names == list(STEP_SPANS)
+    assert full >= 1
+
+
+def test_trace_of_engine_steps(engine_model_dir, tmp_path):
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64)
+    path = tmp_path / "trace.json"
+    llm.start_trace(str(path))
+    with pytest.raises(RuntimeError, match="already"):
+        llm.start_trace(str(path))
+    llm.generate(tok(mixed_prompts(3, seed=5, hi=20)), greedy(4), use_tqdm=False)
+    assert llm.stop_trace() == str(path)
+    steps, inner = _step_events(path)
+    assert len(steps) >= 4  # a prefill step, then one per decode
+    _assert_spans_in_order(steps, inner)
+    assert llm.engine.stop_trace() is None  # nothing armed any more
+    with pytest.raises(ValueError, match="does not exist"):
+        llm.engine.start_trace(str(tmp_path / "no" / "such" / "t.json"))
+
+
+def test_generate_cli_writes_a_trace(capsys, tmp_path):
+    from pagedllm import cli
+
+    path = tmp_path / "gen.json"
+    code = cli.main(["generate", "--num-threads", "1", "--num-kv-blocks", "64", "--temperature",
+                     "0", "--max-tokens", "3", "--quiet", "--trace", str(path), "Hello"])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"trace of the engine's steps written to {path}" in err
+    steps, inner = _step_events(path)
+    assert len(steps) >= 3
+    _assert_spans_in_order(steps, inner)
+
+
+def test_async_engine_writes_the_trace_on_its_thread(engine_model_dir, tmp_path):
+    import asyncio
+
+    from pagedllm.engine.async_engine import AsyncLLMEngine
+    from pagedllm.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=engine_model_dir, block_size=4, num_kv_blocks=64))
+    path = tmp_path / "serve.json"
+    engine.start_trace(str(path))
+    aeng = AsyncLLMEngine(engine)
+    aeng.start()
+
+    async def go():
+        async for out in aeng.generate("a", {"prompt_token_ids": [5, 6, 7, 8]}, greedy(3)):
+            last = out
+        return last
+    out = asyncio.run(go())
+    assert len(out.outputs[0].token_ids) == 3
+    aeng.shutdown()
+    steps, inner = _step_events(path)
+    assert len(steps) >= 3
+    _assert_spans_in_order(steps, inner)
+
+
+def test_bench_cli_writes_a_trace(capsys, tmp_path):
+    from pagedllm import cli
+
+    path = tmp_path / "bench.json"
+    code = cli.main(["bench", "--num-threads", "1", "--num-kv-blocks", "64", "--num-prompts", "2",
+                     "--input-len", "8", "--output-len", "3", "--no-progress", "--trace", str(path)])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert "trace of the engine's steps written to" in err
+    steps, inner = _step_events(path)
+    assert len(steps) >= 3
+    _assert_spans_in_order(steps, inner)
