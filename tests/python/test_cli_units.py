@@ -275,3 +275,12 @@ def test_config_replace_rederives_defaults():
     with pytest.raises(ValueError, match="max_num_batched_tokens must be"):
         pinned.replace(max_num_seqs=4096)  # set by the user: kept, and now too small
     assert pinned.replace(max_num_seqs=8).max_num_batched_tokens == 3000
+
+
+def test_cuda_without_a_gpu_is_one_line_naming_the_flag(capsys):
+    from pagedllm import ops
+
+    if ops.cuda_available():
+        pytest.skip("a GPU is visible")
+    code, _, err = run_cli(capsys, "generate", "x", "--device", "cuda")
+    assert code == 1 and err.count("\n") == 1 and "--device" in err and "unexpected" not in err

@@ -256,7 +256,8 @@ def test_cuda_without_a_gpu_is_a_clear_error(engine_model_dir):
 
     if ops.cuda_available() and torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    with pytest.raises(RuntimeError, match=r"device 'cuda' was requested but .*--device"):
+    with pytest.raises(ValueError, match=r"^device: device 'cuda' was requested but .*"
+                                         r"use device='cpu'$"):
         LLM(engine_model_dir, device="cuda")
 
 

@@ -70,15 +70,16 @@ class Worker:
         config: the engine options.
         model_path: the checkpoint directory.
     Raises:
-        RuntimeError: device="cuda" without a GPU or without the CUDA kernels (names the flag).
-        ValueError / CheckpointError: bad options or checkpoint.
+        ValueError: device="cuda" without a GPU or without the CUDA kernels (names the option),
+            or another bad option.
+        CheckpointError: a bad checkpoint.
     """
 
     def __init__(self, config: EngineConfig, model_path: str):
         try:
             self.device = devices.resolve_device(config.device)
-        except RuntimeError as e:
-            raise RuntimeError(f"{e} (option device / --device)") from None
+        except RuntimeError as e:  # a setting this machine cannot honour: a config error
+            raise ValueError(f"device: {e}") from None
         self.dtype = resolve_dtype(config.dtype, self.device)
         on_gpu = self.device.type == "cuda"
         if on_gpu:
