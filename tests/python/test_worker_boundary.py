@@ -295,3 +295,15 @@ def test_copy_waves_keep_the_order_of_dependent_copies():
         ops.copy_blocks([pool], torch.from_numpy(w))
     assert torch.equal(pool, one_by_one)
     assert copy_waves(as_pairs([])) == []
+
+
+def test_attention_metadata_checks_the_host_copy_it_is_given():
+    from pagedllm.model import AttentionMetadata
+
+    args = dict(slot_mapping=torch.arange(3), block_tables=torch.zeros((2, 1), dtype=torch.int32),
+                context_lens=torch.tensor([1, 2], dtype=torch.int32),
+                cu_seqlens_q=torch.tensor([0, 1, 3], dtype=torch.int32), num_decode_seqs=1)
+    AttentionMetadata(**args, cu_seqlens_q_host=np.array([0, 1, 3], np.int32))
+    # The host copy is what the values are read from (a device tensor is never read).
+    with pytest.raises(ValueError, match="cu_seqlens_q must start at 0"):
+        AttentionMetadata(**args, cu_seqlens_q_host=np.array([0, 2, 3], np.int32))

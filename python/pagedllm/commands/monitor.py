@@ -119,16 +119,16 @@ def _plain(name: str) -> Callable:
     return lambda cur, prev: f"{cur[1].get(name, 0.0):.0f}"
 
 
-def _hits(cur: Snapshot, prev: Optional[Snapshot]) -> str:
-    q = cur[1].get(P + "prefix_cache_queries_total", 0.0)
-    h = cur[1].get(P + "prefix_cache_hits_total", 0.0)
-    return f"{100 * h / q:.1f}% ({h:.0f}/{q:.0f} tokens)" if q else "-"
+def _hit_rate(queries: str, hits: str) -> Callable:
+    """A view of hits / queries (two token counters) as a percentage."""
+    def f(cur: Snapshot, prev: Optional[Snapshot]) -> str:
+        q, h = cur[1].get(P + queries, 0.0), cur[1].get(P + hits, 0.0)
+        return f"{100 * h / q:.1f}% ({h:.0f}/{q:.0f} tokens)" if q else "-"
+    return f
 
 
-def _disk_hits(cur: Snapshot, prev: Optional[Snapshot]) -> str:
-    q = cur[1].get(P + "disk_lookup_tokens_total", 0.0)
-    h = cur[1].get(P + "disk_hit_tokens_total", 0.0)
-    return f"{100 * h / q:.1f}% ({h:.0f}/{q:.0f} tokens)" if q else "-"
+_hits = _hit_rate("prefix_cache_queries_total", "prefix_cache_hits_total")
+_disk_hits = _hit_rate("disk_lookup_tokens_total", "disk_hit_tokens_total")
 
 
 def _fragmentation(cur: Snapshot, prev: Optional[Snapshot]) -> str:

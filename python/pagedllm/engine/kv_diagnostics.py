@@ -30,7 +30,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Dict, Optional
 
 import numpy as np
 

@@ -226,7 +226,10 @@ class PersistentTier:
         if self.hot_blocks_threshold <= 0:
             return False
         self._served[key] += 1
-        return self._served[key] == self.hot_blocks_threshold and not self.store.contains(key)
+        if self._served[key] < self.hot_blocks_threshold:
+            return False
+        del self._served[key]  # counted only until it turns hot: the counter stays small
+        return not self.store.contains(key)
 
     def plan_store(self, key: bytes, tokens: np.ndarray) -> bool:
         """Registers a block to write after the forward; False when it is on disk already."""

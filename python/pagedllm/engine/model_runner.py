@@ -2,9 +2,9 @@
 
 The runner reads only the SchedulerOutput's arrays (never a Request or a Sequence). Per step:
 inputs uploaded (on the CPU, zero-copy views of the numpy arrays; on a GPU, through persistent
-pinned staging buffers with non-blocking copies, the metadata checked on the host first so no
-layer waits on the device), one forward over the packed new tokens of every scheduled sequence,
-then logits only for the rows that are needed (the last token of every sequence whose known
+pinned staging buffers with non-blocking copies; AttentionMetadata checks the values on the
+host copy, so nothing waits on the device), one forward over the packed new tokens of every
+scheduled sequence, then logits only for the rows that are needed (the last token of every sequence whose known
 tokens are now all computed, plus the prompt rows of sequences that asked for prompt logprobs),
 copied to the host for sampling.
 """
@@ -32,20 +32,6 @@ class ModelOutput:
 
     logits: Optional[torch.Tensor]
     prompt_logits: Dict[int, torch.Tensor]
-
-
-def check_step_arrays(out: SchedulerOutput) -> None:
-    """Host-side checks of the step metadata (what AttentionMetadata checks for host tensors).
-
-    Raises:
-        ValueError: counts that do not add up.
-    """
-    cu, nd = out.cu_seqlens_q, out.num_decode_seqs
-    n = out.num_tokens
-    if (cu.shape[0] != out.context_lens.shape[0] + 1 or int(cu[0]) != 0 or int(cu[nd]) != nd
-            or int(cu[-1]) != n or out.input_ids.shape[0] != n or out.positions.shape[0] != n):
-        raise ValueError(f"inconsistent step: cu_seqlens_q {cu.tolist()[:8]}..., "
-                         f"{nd} decodes, {n} slots, {out.input_ids.shape[0]} input ids")
 
 
 class _Staging:
@@ -100,15 +86,13 @@ class ModelRunner:
         Returns:
             The logits of the rows to sample from (and of prompt rows when requested).
         """
-        on_device = self._staging is not None
-        if on_device:
-            check_step_arrays(out)
         meta = AttentionMetadata(
             slot_mapping=self._tensor("slots", out.slot_mapping),       # [num_tokens] int64
             block_tables=self._tensor("tables", out.block_tables),      # [num_seqs, W] int32
             context_lens=self._tensor("ctx", out.context_lens),         # [num_seqs] int32
             cu_seqlens_q=self._tensor("cu", out.cu_seqlens_q),          # [num_seqs + 1] int32
             num_decode_seqs=out.num_decode_seqs,
+            cu_seqlens_q_host=out.cu_seqlens_q,  # checked on the host, not on the device
         )
         hidden = self.model(self._tensor("ids", out.input_ids),
                             self._tensor("pos", out.positions), meta,

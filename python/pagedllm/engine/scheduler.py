@@ -121,11 +121,6 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
-    @property
-    def cow_pairs(self) -> np.ndarray:
-        """The plan's copy-on-write pairs, int64 [k, 2]."""
-        return self.transfer.copies
-
 
 @dataclass
 class _Step:
@@ -727,15 +722,12 @@ class Scheduler:
     def _free_beam(self, seq: Sequence) -> None:
         self._finish(seq, "stop")
 
-    def fail_step(self, out: SchedulerOutput, message: str,
-                  only: Optional[Iterable[Request]] = None) -> None:
-        """Fails the requests of a step that could not run (or only `only`), freeing every
-        block the step reserved for them; the other requests carry on."""
+    def fail_step(self, out: SchedulerOutput, message: str) -> None:
+        """Fails the requests of a step that could not run, freeing every block the step
+        reserved for them; the other requests carry on."""
         reqs = {e.seq.request.request_id: e.seq.request for e in out.scheduled}
         # Victims swapped out by this step: their copies may not have run.
         reqs.update({s.request.request_id: s.request for s in out.preempted
                      if s.status is SequenceStatus.SWAPPED})
-        if only is not None:
-            reqs = {r.request_id: r for r in only}
         for req in reqs.values():
             self.fail_request(req, message)

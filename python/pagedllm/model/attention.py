@@ -10,6 +10,7 @@ q_len of its context_len tokens, attended causally.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
@@ -28,6 +29,9 @@ class AttentionMetadata:
         cu_seqlens_q: [num_seqs + 1] int32, prefix sums of the new-token counts (starts at 0).
         num_decode_seqs: the first num_decode_seqs sequences have exactly one new token each and
             come first in the packed batch; they go to the decode kernel, the rest to prefill.
+        cu_seqlens_q_host: a host copy of cu_seqlens_q (numpy or CPU tensor) to check the
+            values against when the tensors live on a device, so no check waits on it
+            (None: the values are checked only for host tensors).
     Raises:
         ValueError: a tensor of the wrong dtype or rank, or counts that do not add up.
     """
@@ -37,6 +41,7 @@ class AttentionMetadata:
     context_lens: torch.Tensor
     cu_seqlens_q: torch.Tensor
     num_decode_seqs: int
+    cu_seqlens_q_host: Optional[object] = field(default=None, repr=False)
     # Derived once per step (not per layer) by __post_init__.
     num_seqs: int = field(init=False)
     num_tokens: int = field(init=False)
@@ -64,13 +69,15 @@ class AttentionMetadata:
         if not 0 <= nd <= self.num_seqs:
             raise ValueError(f"num_decode_seqs = {nd}: expected 0..{self.num_seqs}")
         cu = self.cu_seqlens_q
-        # Values are checked here for host tensors; the engine checks device metadata on the host
-        # before uploading it (ModelRunner), so no layer loop ever waits on the device.
-        if cu.device.type == "cpu" and (int(cu[0]) != 0 or int(cu[nd]) != nd or int(cu[-1]) != self.num_tokens):
+        # The values are read from the host copy (or a host tensor): no check waits on a device.
+        host = self.cu_seqlens_q_host if self.cu_seqlens_q_host is not None else (
+            cu if cu.device.type == "cpu" else None)
+        if host is not None and (len(host) != self.num_seqs + 1 or int(host[0]) != 0
+                                 or int(host[nd]) != nd or int(host[-1]) != self.num_tokens):
             raise ValueError(
                 f"cu_seqlens_q must start at 0, reach num_decode_seqs = {nd} after the decode "
-                f"sequences and end at num_tokens = {self.num_tokens}; got cu[0] = {int(cu[0])}, "
-                f"cu[{nd}] = {int(cu[nd])}, cu[-1] = {int(cu[-1])}")
+                f"sequences and end at num_tokens = {self.num_tokens}; got cu[0] = {int(host[0])}, "
+                f"cu[{nd}] = {int(host[nd])}, cu[-1] = {int(host[-1])}")
         self.num_prefill_seqs = self.num_seqs - nd
         self.decode_block_tables = self.block_tables[:nd]
         self.decode_context_lens = self.context_lens[:nd]
