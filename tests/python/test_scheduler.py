@@ -134,3 +134,26 @@ def test_grouped_requests_are_admitted_fairly():
         fcfs.add_request(r)
     out = run_step(fcfs)
     assert [e.seq.request.request_id for e in out.scheduled] == ["0", "1", "2", "3"]
+
+
+def test_a_sequence_that_cannot_fit_an_empty_pool_is_failed_with_the_numbers():
+    # The engine refuses such requests at add_request; the scheduler still never stalls on one.
+    kv = _core.KVCacheManager(4, 4)
+    sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
+    big = make_request("big", list(range(30)))  # 30 tokens need 8 blocks of 4; the pool has 4
+    ok = make_request("ok", [1, 2, 3])
+    sched.add_request(big)
+    sched.add_request(ok)
+    failed = []
+    for _ in range(20):  # "ok" runs; "big" is admitted chunk by chunk until it cannot grow
+        out = sched.schedule()
+        failed += sched.update_from_output(out, None, {},
+                                           [SampleResult(7) for _ in out.sample_targets])
+        failed = [f for f in failed if f.error is not None]
+        if failed:
+            break
+    assert [f.request_id for f in failed] == ["big"]
+    assert failed[0].outputs[0].finish_reason == "error"
+    assert "needs" in failed[0].error and "KV blocks" in failed[0].error
+    assert "num_kv_blocks" in failed[0].error
+    assert big.seqs[0].is_finished and big.seqs[0].seq_id not in kv  # its blocks are back

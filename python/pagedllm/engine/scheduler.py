@@ -337,12 +337,15 @@ class Scheduler:
             while res is None:
                 res = self.kv.append(seq.seq_id, seq.token_ids[start:start + n])
                 if res is None:
+                    if self.running == [seq]:  # alone and still out of blocks: it never fits
+                        self.fail_request(seq.request, self._cannot_fit(seq))
+                        break
                     victim = self.running[-1]
                     self._preempt(victim, step)
                     if victim is seq:
                         break
             if res is None:
-                break  # the current sequence was itself the latest arrival
+                break  # the current sequence was itself the latest arrival, or failed
             step.add(seq, start, n, res[0], res[1])
             budget -= n
             i += 1
@@ -578,13 +581,16 @@ class Scheduler:
             head = next((s for s in self.swapped + self.waiting if not s.is_idle), None)
             if head is None:
                 return
-            free = self.kv.num_available_blocks
-            need = -(-(head.num_tokens + 1) // self.block_size)
-            self.fail_request(head.request, (
-                f"the request cannot be scheduled: its sequence of {head.num_tokens} tokens "
+            self.fail_request(head.request, self._cannot_fit(head))
+
+    def _cannot_fit(self, seq: Sequence) -> str:
+        """Why a sequence that cannot run even alone in the pool is failed, with the numbers."""
+        need = -(-(seq.num_tokens + 1) // self.block_size)
+        return (f"the request cannot be scheduled: its sequence of {seq.num_tokens} tokens "
                 f"needs {need} KV blocks of {self.block_size} tokens and the pool can give "
-                f"{free} of {self.kv.num_blocks} (watermark {self.kv.watermark_blocks}); raise "
-                f"num_kv_blocks / kv_cache_memory_bytes, or lower max_tokens, n or beam_width"))
+                f"{self.kv.num_available_blocks} of {self.kv.num_blocks} (watermark "
+                f"{self.kv.watermark_blocks}); raise num_kv_blocks / kv_cache_memory_bytes, or "
+                f"lower max_tokens, n or beam_width")
 
     def _pack(self, step: _Step) -> SchedulerOutput:
         """Orders the entries (decodes first), forks best_of requests whose prompt completes,
