@@ -10,7 +10,9 @@ copies; after it, stores. What may overlap with the forward:
   step joins the thread before it touches any block.
 - CUDA: a `_core.cuda.Streams` pair. Swaps are queued on the copy stream after a ticket of the
   compute work that wrote the blocks, and the compute stream waits (on the device, no host
-  sync) for the tickets it depends on: "load block N / compute N-1 / store N-2".
+  sync) for the tickets it depends on. Loads copy staged host bytes into their blocks before the
+  forward; stores wait for the step's compute on the host (the one sync of this path; a
+  copy-stream store pipeline is not built yet).
 
 A persistent tier plugs in as `source` (loads: key -> bytes into a block) and `sink` (stores:
 block -> key); without one, a plan with loads or stores is an error.
