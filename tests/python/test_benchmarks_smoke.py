@@ -76,7 +76,7 @@ def test_every_section_end_to_end(bench_env, tmp_path):
 
     thr = bench_throughput.run(ThroughputConfig(
         models=("tiny",), mixed=TINY_MIXED, uniform=(16, 4), concurrency=(1, 3),
-        repeats={"tiny": 2}, hf={"tiny": HFPlan(None, (2, 4), 3)},
+        repeats={"tiny": 2}, hf={"tiny": HFPlan(None, (2, 4), 3)}, long_prompt=(2, 40, 60, 3),
         peers=("transformers",), num_threads=1))
     t = thr["models"]["tiny"]
     want = t["mixed_workload"]["total_output_tokens"]
@@ -86,6 +86,10 @@ def test_every_section_end_to_end(bench_env, tmp_path):
     assert set(t["concurrency"]) == {"1", "3"}
     assert t["concurrency"]["3"]["pagedllm"]["output_tokens"] == 12
     assert t["transformers_batch_pick"]["best"] in (2, 4)
+    lp = t["long_prompt"]
+    assert set(lp["runs"]) == {"pagedllm"}  # transformers is left out of the long prompts
+    assert [r["output_tokens"] for r in lp["runs"]["pagedllm"]] == [6, 6]
+    assert 40 <= lp["workload"]["prompt_len"]["min"] <= lp["workload"]["prompt_len"]["max"] <= 60
     assert 0 <= t["agreement_first_tokens"]["transformers"]["identical"] <= 5
 
     mem = bench_memory.run(MemoryConfig(mixed=TINY_MIXED, max_model_len=128,
