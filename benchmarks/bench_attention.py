@@ -12,9 +12,14 @@ Engines: every CPU attention engine this CPU runs (avx512, avx2, generic), force
 each round (a bandwidth probe before each), on the target cases 16 x 2k and 1 x 8k, reported as
 the fraction of the best read bandwidth probed in that case's rounds and its distance to the
 target (0.8; fp8 0.6).
+Peer: vLLM's CPU decode kernel (`cpu_attention_with_kv_cache`, in the venv of setup_vllm.sh,
+driven as a subprocess: peers/vllm_attention.py) on the same shapes, dtypes and bytes, at
+block 16 (pagedllm's) and 128 (vLLM's CPU default), timed in the same rounds; reported as
+pagedllm time / vLLM's best. Left out, with the reason in the JSON, when its venv is missing
+(or with --no-peer).
 Prefill: causal attention of whole prompts, tokens per second against causal SDPA.
 
-Usage: PYTHONPATH=python python benchmarks/bench_attention.py [--quick] [--rounds N]
+Usage: PYTHONPATH=python python benchmarks/bench_attention.py [--quick] [--rounds N] [--no-peer]
        ... --engines [--rounds N]   (only the per-engine target cases)
 Writes benchmarks/results/attention.json (--engines: attention_engines.json).
 """
@@ -63,6 +68,46 @@ class Bandwidth:
         return self.buf.numel() * 4 / timed(lambda: _core.stream_read_sum(self.buf))
 
 
+VLLM_BLOCKS = (16, 128)  # pagedllm's block size, and vLLM's CPU default
+
+
+class VllmKernel:
+    """vLLM's CPU decode-attention kernel in its venv (peers/vllm_attention.py).
+
+    Args:
+        threads: the threads it runs with (the same as pagedllm's kernels).
+    Raises:
+        PeerUnavailable: no vLLM venv, or the worker did not start.
+    """
+
+    def __init__(self, threads: int):
+        from benchmarks.peers.vllm_client import vllm_python
+        from benchmarks.peers.worker_client import WorkerPeer
+
+        script = Path(__file__).resolve().parent / "peers" / "vllm_attention.py"
+        self.threads = threads
+        self.peer = WorkerPeer("vllm-attention", [vllm_python(build=False), str(script)],
+                               {"VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": str(threads)})
+        self.version = self.peer.version
+
+    def case(self, key: str, batch: int, ctx: int, storage: str, block: int) -> dict:
+        """Builds one case in the worker; returns its ISA and K/V bytes."""
+        return self.peer.call({"op": "case", "key": key, "batch": batch, "context": ctx,
+                               "storage": storage, "block_size": block, "heads": HEADS,
+                               "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                               "threads": self.threads})
+
+    def time(self, key: str) -> float:
+        """Seconds of one kernel call of case `key`, timed in the worker."""
+        return self.peer.call({"op": "time", "key": key})["s"]
+
+    def drop(self) -> None:
+        self.peer.call({"op": "drop"})
+
+    def close(self) -> None:
+        self.peer.close()
+
+
 def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator):
     """Paged caches (blocks permuted), tables, query, and the contiguous copy SDPA reads."""
     dtype, kv_cache_dtype = STORAGE[storage]
@@ -93,8 +138,15 @@ def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator):
                 kv_bytes=2 * batch * ctx * KV_HEADS * HEAD_DIM * kc.element_size())
 
 
-def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen) -> dict:
+def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen, peer=None) -> dict:
     c = make_decode_case(batch, ctx, storage, gen)
+    vllm, vllm_errors = {}, {}
+    if peer is not None:
+        for block in VLLM_BLOCKS:
+            try:  # e.g. vLLM has no fp8 path at block 16 ("Unsupported CPU attention ...")
+                vllm[block] = dict(peer.case(f"b{block}", batch, ctx, storage, block), s=[])
+            except RuntimeError as e:
+                vllm_errors[str(block)] = str(e).split(" (log:")[0]
     scale = 1.0 / math.sqrt(HEAD_DIM)
 
     def kernel():
@@ -112,8 +164,23 @@ def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen) -> dict:
         ts.append(timed(kernel))
         bw.measure()
         ts_sdpa.append(timed(sdpa))
+        for block, v in vllm.items():
+            bw.measure()
+            v["s"].append(peer.time(f"b{block}"))
+    if peer is not None:
+        peer.drop()
     t, t_sdpa, bandwidth = min(ts), min(ts_sdpa), max(bws)
-    return dict(batch=batch, context=ctx, storage=storage, kernel=_core.cpu_kernel(),
+    peer_out = {"vllm_errors": vllm_errors} if vllm_errors else {}
+    if vllm:
+        best = min(vllm, key=lambda b: min(vllm[b]["s"]))
+        t_v = min(vllm[best]["s"])
+        peer_out.update(
+            vllm_ms={str(b): min(v["s"]) * 1e3 for b, v in vllm.items()},
+            vllm_median_ms={str(b): statistics.median(v["s"]) * 1e3 for b, v in vllm.items()},
+            vllm_isa={str(b): v["isa"] for b, v in vllm.items()}, vllm_best_block=best,
+            vllm_frac_of_bw=vllm[best]["kv_bytes"] / t_v / bandwidth,
+            speedup_vs_vllm=t_v / t)
+    return dict(**peer_out, batch=batch, context=ctx, storage=storage, kernel=_core.cpu_kernel(),
                 kernel_ms=t * 1e3, sdpa_ms=t_sdpa * 1e3, sdpa_dtype=str(c["k_sdpa"].dtype),
                 kv_bytes=c["kv_bytes"], kv_gbps=c["kv_bytes"] / t / 1e9,
                 read_bw_gbps=bandwidth / 1e9, frac_of_bw=c["kv_bytes"] / t / bandwidth,
@@ -237,6 +304,8 @@ def main() -> None:
     ap.add_argument("--cpu-time", action="store_true",
                     help="one thread for the kernels and torch, timed in thread CPU time (on a "
                          "shared machine this excludes other jobs' time slices)")
+    ap.add_argument("--no-peer", action="store_true",
+                    help="leave vLLM's kernel out even when its venv exists")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "attention.json"))
     args = ap.parse_args()
@@ -261,16 +330,23 @@ def main() -> None:
         write_results(args, [], [], [], run_engines(bw, args.rounds, gen))
         return
     decode = []
+    peer, args.peer = start_peer(args.no_peer)
     print(f"{'storage':>7} {'batch':>5} {'ctx':>5} {'ms':>8} {'KV GB/s':>8} {'bw GB/s':>8} "
-          f"{'%bw':>5} {'sdpa ms':>8} {'vs sdpa':>7}")
-    for storage in STORAGE:
-        for batch, ctx in cases:
-            r = bench_decode(batch, ctx, storage, bw, args.rounds, gen)
-            decode.append(r)
-            print(f"{storage:>7} {batch:>5} {ctx:>5} {r['kernel_ms']:8.2f} "
-                  f"{r['kv_gbps']:8.2f} {r['read_bw_gbps']:8.2f} "
-                  f"{100 * r['frac_of_bw']:4.0f}% {r['sdpa_ms']:8.2f} "
-                  f"{r['speedup_vs_sdpa']:6.2f}x", flush=True)
+          f"{'%bw':>5} {'sdpa ms':>8} {'vs sdpa':>7} {'vllm %bw':>8} {'vs vllm':>7}")
+    try:
+        for storage in STORAGE:
+            for batch, ctx in cases:
+                r = bench_decode(batch, ctx, storage, bw, args.rounds, gen, peer)
+                decode.append(r)
+                vl = (f"{100 * r['vllm_frac_of_bw']:7.0f}% {r['speedup_vs_vllm']:6.2f}x"
+                      if "speedup_vs_vllm" in r else f"{'-':>8} {'-':>7}")
+                print(f"{storage:>7} {batch:>5} {ctx:>5} {r['kernel_ms']:8.2f} "
+                      f"{r['kv_gbps']:8.2f} {r['read_bw_gbps']:8.2f} "
+                      f"{100 * r['frac_of_bw']:4.0f}% {r['sdpa_ms']:8.2f} "
+                      f"{r['speedup_vs_sdpa']:6.2f}x {vl}", flush=True)
+    finally:
+        if peer is not None:
+            peer.close()
     if args.headline:
         write_results(args, decode, [], [])
         return
@@ -287,13 +363,27 @@ def main() -> None:
     write_results(args, decode, [], prefill, engines)
 
 
+def start_peer(disabled: bool):
+    """vLLM's kernel as a peer, or None; and what the JSON records about it."""
+    if disabled:
+        return None, {"vllm": "left out (--no-peer)"}
+    from benchmarks.peers.worker_client import PeerUnavailable
+
+    try:
+        peer = VllmKernel(_core.get_num_threads())
+    except PeerUnavailable as e:
+        print(f"vLLM kernel peer left out: {e}")
+        return None, {"vllm": f"left out: {e}"}
+    return peer, {"vllm": peer.version, "vllm_blocks": list(VLLM_BLOCKS)}
+
+
 def write_results(args, decode, generic, prefill, engines=()) -> None:
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M"), machine=platform.processor() or
                 platform.machine(), cpu_model=cpu_model(), cpu_engines=_core.cpu_engines(),
                 default_engine=_core.cpu_kernel(), cpus=os.cpu_count(),
                 threads=_core.get_num_threads(),
                 clock="thread_time" if args.cpu_time else "perf_counter",
-                torch=torch.__version__, rounds=args.rounds,
+                torch=torch.__version__, rounds=args.rounds, peer=getattr(args, "peer", None),
                 load_avg=os.getloadavg() if hasattr(os, "getloadavg") else None)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(dict(meta=meta, decode=decode, decode_generic=generic,

@@ -127,9 +127,11 @@ def attention(data: dict, ctx: Context) -> str:
     cases: Dict[tuple, Dict[str, dict]] = {}
     for r in dec:
         cases.setdefault((r["batch"], r["context"]), {})[r["storage"]] = r
+    peer = any("speedup_vs_vllm" in r for r in dec)
     header_row = ["batch x context"]
     for s in storages:
         header_row += [f"{s} ms", f"{s} % of read bw", f"{s} vs SDPA"]
+        header_row += [f"{s} vLLM % of bw", f"{s} vs vLLM"] if peer else []
     rows = []
     for (b, c), by in sorted(cases.items()):
         row = [f"{b} x {c}"]
@@ -137,6 +139,9 @@ def attention(data: dict, ctx: Context) -> str:
             r = by.get(s)
             row += ([f"{r['kernel_ms']:.2f}", pct(r["frac_of_bw"], 0), ratio(r["speedup_vs_sdpa"])]
                     if r else ["-", "-", "-"])
+            if peer:
+                row += ([pct(r["vllm_frac_of_bw"], 0), ratio(r["speedup_vs_vllm"])]
+                        if r and "speedup_vs_vllm" in r else ["-", "-"])
         rows.append(row)
     kernel = dec[0]["kernel"] if dec else "?"
     out = [f"Full grid. Decode (one query token per sequence), 32 query / 8 KV heads, head_dim 128, block "
@@ -144,8 +149,11 @@ def attention(data: dict, ctx: Context) -> str:
            f"threads, best of {meta.get('rounds', '?')} rounds (medians in the JSON). \"% of read bw\" = K/V bytes "
            f"read per second over the read bandwidth measured in the same rounds (1 GiB sum); "
            f"\"vs SDPA\" = torch's scaled_dot_product_attention time on the same K/V laid out "
-           f"contiguously, over the kernel's (above 1: the paged kernel is faster).", "",
-           table(header_row, rows)]
+           f"contiguously, over the kernel's (above 1: the paged kernel is faster)."
+           + (f" \"vs vLLM\" = vLLM {meta.get('peer', {}).get('vllm', '?')}'s CPU kernel "
+              f"(`cpu_attention_with_kv_cache`) on the same shapes and bytes at its faster of "
+              f"block 16 and 128, timed in the same rounds, over pagedllm's time." if peer else ""),
+           "", table(header_row, rows)]
     eng = data.get("decode_engines") or []
     if eng:
         out += ["", engines_table(data)]
@@ -209,12 +217,16 @@ def _headline_rows(data: dict) -> list:
     return [[r["storage"], f"{r['batch']} x {r['context']}", f"{r['kernel_ms']:.1f}",
              f"{r.get('median_kernel_ms', r['kernel_ms']):.1f}", f"{r['kv_gbps']:.2f}",
              f"{r['read_bw_gbps']:.2f}", pct(r["frac_of_bw"], 0), f"{r['sdpa_ms']:.1f}",
-             ratio(r["speedup_vs_sdpa"])] for r in data.get("decode", [])]
+             ratio(r["speedup_vs_sdpa"]),
+             pct(r["vllm_frac_of_bw"], 0) if "vllm_frac_of_bw" in r else "-",
+             ratio(r["speedup_vs_vllm"]) if "speedup_vs_vllm" in r else "-"]
+            for r in data.get("decode", [])]
 
 
 def attention_headline(data: dict, ctx: Context) -> str:
     head = ["storage", "batch x context", "kernel ms (best)", "kernel ms (median)", "K/V GB/s",
-            "read bw GB/s", "% of bw", "SDPA ms", "SDPA / kernel"]
+            "read bw GB/s", "% of bw", "SDPA ms", "SDPA / kernel", "vLLM % of bw",
+            "vLLM / kernel"]
     meta = data.get("meta", {})
     out = [f"Headline cases, {meta.get('threads', '?')} threads, best of "
            f"{meta.get('rounds', '?')} rounds (load average {meta.get('load_avg', [0])[0]:.1f} "
