@@ -31,6 +31,10 @@ extend::
       num_threads: null
       prepack_weights: true       # weights in oneDNN's blocked layout (faster CPU matmuls)
       check_numerics: off         # off | warn | fail: NaN/Inf logits rows after each forward
+    parallel:
+      tensor_parallel_size: 1     # ranks the model is split over (Megatron-style)
+      distributed_executor_backend: null  # mp (spawned local ranks; default when > 1) | ray
+      timeout_s: 300              # a rank that dies or stops answering for this long: the engine stops
 
 Unknown keys are an error that names them.
 """
@@ -49,6 +53,7 @@ DEVICES = ("auto", "cpu", "cuda")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREEMPTION_MODES = ("recompute", "swap")
 CHECK_NUMERICS = ("off", "warn", "fail")
+EXECUTOR_BACKENDS = ("mp", "ray")
 
 # YAML section -> {yaml key: EngineConfig field}
 _YAML_SECTIONS: Dict[str, Dict[str, str]] = {
@@ -72,6 +77,9 @@ _YAML_SECTIONS: Dict[str, Dict[str, str]] = {
                 "prepack_weights": "prepack_weights", "device": "device", "dtype": "dtype",
                 "gpu_memory_utilization": "gpu_memory_utilization",
                 "check_numerics": "check_numerics"},
+    "parallel": {"tensor_parallel_size": "tensor_parallel_size",
+                 "distributed_executor_backend": "distributed_executor_backend",
+                 "timeout_s": "distributed_timeout_s"},
 }
 
 
@@ -118,6 +126,15 @@ class EngineConfig:
             other requests carry on).
         persistence: the persistent KV tier (a PersistenceConfig, or a mapping with its keys:
             enabled, storage_path, backend, max_bytes, hot_blocks_threshold); None: off.
+        tensor_parallel_size: ranks the model is split over (heads, KV heads, MLP and
+            vocabulary; each rank holds its share of every KV block). 1: one process.
+        distributed_executor_backend: how the ranks run: "mp" (spawned local processes over
+            torch.distributed, the default when tensor_parallel_size > 1) or "ray" (Ray actors
+            on the cluster `ray.init()` finds, e.g. several hosts). None: in-process at size 1.
+        distributed_timeout_s: seconds a rank may take to answer (one step, or loading); past
+            it, or when a rank dies, the engine stops with an error naming the rank.
+        num_threads (with tensor_parallel_size > 1): threads per rank; None = the cores
+            shared evenly by the local ranks.
     """
 
     model: Optional[str] = None
@@ -143,6 +160,9 @@ class EngineConfig:
     swap_space: float = 4.0
     persistence: Optional[PersistenceConfig] = None
     check_numerics: str = "off"
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: Optional[str] = None
+    distributed_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> ValueError:
@@ -199,6 +219,16 @@ class EngineConfig:
             self.check_numerics = "off"
         if self.check_numerics not in CHECK_NUMERICS:
             raise bad("check_numerics", "one of " + ", ".join(CHECK_NUMERICS))
+        if (isinstance(self.tensor_parallel_size, bool)
+                or not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1):
+            raise bad("tensor_parallel_size", "an integer >= 1")
+        if (self.distributed_executor_backend is not None
+                and self.distributed_executor_backend not in EXECUTOR_BACKENDS):
+            raise bad("distributed_executor_backend", "one of " + ", ".join(EXECUTOR_BACKENDS))
+        if (isinstance(self.distributed_timeout_s, bool)
+                or not isinstance(self.distributed_timeout_s, (int, float))
+                or not self.distributed_timeout_s > 0):
+            raise bad("distributed_timeout_s", "a positive number of seconds")
         if (isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float))
                 or not 0.0 <= self.swap_space <= 1024.0 or self.swap_space != self.swap_space):
             raise bad("swap_space", "a number of GiB in [0, 1024]")

@@ -7,8 +7,8 @@ import dataclasses
 import re
 from typing import Any, Dict, Optional
 
-from pagedllm.config import (CHECK_NUMERICS, KV_CACHE_DTYPES, MODEL_DTYPES, PREEMPTION_MODES,
-                             EngineConfig)
+from pagedllm.config import (CHECK_NUMERICS, EXECUTOR_BACKENDS, KV_CACHE_DTYPES, MODEL_DTYPES,
+                             PREEMPTION_MODES, EngineConfig)
 
 
 class CliError(Exception):
@@ -89,6 +89,9 @@ _ENGINE_FLAGS: Dict[str, str] = {
     "gpu_memory_utilization": "gpu_memory_utilization", "preemption_mode": "preemption_mode",
     "swap_space": "swap_space", "expected_mean_seq_len": "expected_mean_seq_len",
     "check_numerics": "check_numerics",
+    "tensor_parallel_size": "tensor_parallel_size",
+    "distributed_executor_backend": "distributed_executor_backend",
+    "distributed_timeout": "distributed_timeout_s",
 }
 # flag dest -> persistence key
 _PERSISTENCE_FLAGS: Dict[str, str] = {
@@ -146,6 +149,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--check-numerics", choices=CHECK_NUMERICS,
                    help="NaN/Inf in a step's logits: off, warn (log the step and request) or "
                         "fail (finish that request with an error) (off)")
+    t = parser.add_argument_group("tensor parallelism (YAML section parallel:)")
+    t.add_argument("-tp", "--tensor-parallel-size", type=positive_int, metavar="N",
+                   help="split the model over N ranks (heads, MLP, vocabulary, KV heads) (1)")
+    t.add_argument("--distributed-executor-backend", choices=EXECUTOR_BACKENDS,
+                   help="mp: N spawned local processes (default when N > 1); ray: Ray actors "
+                        "on the cluster of RAY_ADDRESS or `ray start`, across hosts")
+    t.add_argument("--distributed-timeout", type=float, metavar="SECONDS",
+                   help="a rank that dies or does not answer a step within this stops the "
+                        "engine with an error naming it (300)")
     p = parser.add_argument_group("persistent KV tier (YAML section persistence:)")
     p.add_argument("--persistence-path", metavar="DIR",
                    help="keep full prompt blocks in a store under DIR that survives restarts "

@@ -2,8 +2,9 @@
 
 The engine hands it each step's SchedulerOutput and gets back the step's logits on the host
 (ModelOutput); it never sees a device tensor. `UniProcExecutor` runs one Worker in the engine's
-own process and thread; executors for tensor parallelism (workers in spawned processes over
-torch.distributed) and for Ray (workers across hosts) implement the same four members.
+own process and thread; MultiprocExecutor (engine/mp_executor.py: tensor-parallel ranks in
+spawned processes over torch.distributed) and RayExecutor (engine/ray_executor.py: ranks as Ray
+actors, across hosts) implement the same four members.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from pagedllm.engine.model_runner import ModelOutput
 from pagedllm.engine.scheduler import SchedulerOutput
 from pagedllm.engine.worker import KVLayout, Worker
 from pagedllm.model import ModelConfig
+
+
+class ExecutorDeadError(RuntimeError):
+    """The workers cannot run another step (a rank died, hung past distributed_timeout_s, or
+    failed alone): the engine stops instead of failing only the step's requests."""
 
 
 class Executor(abc.ABC):
@@ -70,5 +76,21 @@ class UniProcExecutor(Executor):
 
 
 def make_executor(config: EngineConfig, model_path: str) -> Executor:
-    """The executor for a config (in-process: the only one so far)."""
-    return UniProcExecutor(config, model_path)
+    """The executor for a config: in-process for tensor_parallel_size 1, else spawned local
+    ranks ("mp") or Ray actors ("ray"), as distributed_executor_backend says.
+
+    Raises:
+        ValueError: a combination this machine or model cannot run (names the option).
+    """
+    if config.tensor_parallel_size == 1 and config.distributed_executor_backend is None:
+        return UniProcExecutor(config, model_path)
+    from pagedllm.engine.tp_checks import check_parallel_config
+
+    backend = check_parallel_config(config, model_path)
+    if backend == "ray":
+        from pagedllm.engine.ray_executor import RayExecutor
+
+        return RayExecutor(config, model_path)
+    from pagedllm.engine.mp_executor import MultiprocExecutor
+
+    return MultiprocExecutor(config, model_path)

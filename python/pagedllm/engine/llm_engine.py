@@ -26,7 +26,7 @@ import torch
 from pagedllm import _core
 from pagedllm.config import EngineConfig
 from pagedllm.engine import kv_diagnostics, tracing
-from pagedllm.engine.executor import Executor, make_executor
+from pagedllm.engine.executor import Executor, ExecutorDeadError, make_executor
 from pagedllm.engine.sampler import Sampler
 from pagedllm.engine.scheduler import Scheduler, SchedulerOutput
 from pagedllm.engine.sequence import Request
@@ -314,6 +314,8 @@ class LLMEngine:
         try:
             with span("pagedllm.execute"):
                 result = self.executor.execute_model(out)
+        except ExecutorDeadError:  # the workers are gone (a rank died or hung): stop
+            raise
         except Exception as e:  # noqa: BLE001 - the step's requests fail, not the engine
             self._fail(out, f"the model step failed: {type(e).__name__}: {e}")
             # Blocks this step filled were registered in the prefix cache before their K/V were

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -23,6 +24,9 @@ from pagedllm.engine.kv_transfer import KVTransferEngine
 from pagedllm.engine.model_runner import ModelOutput, ModelRunner
 from pagedllm.engine.scheduler import SchedulerOutput
 from pagedllm.model import PagedKVCache, load_model
+
+if TYPE_CHECKING:
+    from pagedllm.engine.distributed import ParallelContext
 
 logger = logging.getLogger("pagedllm")
 
@@ -69,24 +73,38 @@ class Worker:
     Args:
         config: the engine options.
         model_path: the checkpoint directory.
+        parallel: this worker's rank of a tensor-parallel group (engine/distributed.py): it
+            loads only its shard of the weights and holds only its KV heads of every block.
+            None: the whole model.
     Raises:
         ValueError: device="cuda" without a GPU or without the CUDA kernels (names the option),
             or another bad option.
         CheckpointError: a bad checkpoint.
     """
 
-    def __init__(self, config: EngineConfig, model_path: str):
+    def __init__(self, config: EngineConfig, model_path: str,
+                 parallel: Optional["ParallelContext"] = None):
         try:
             self.device = devices.resolve_device(config.device)
         except RuntimeError as e:  # a setting this machine cannot honour: a config error
             raise ValueError(f"device: {e}") from None
+        if parallel is not None and self.device.type == "cuda":
+            self.device = torch.device("cuda", parallel.device_index)
         self.dtype = resolve_dtype(config.dtype, self.device)
         on_gpu = self.device.type == "cuda"
         if on_gpu:
             torch.cuda.set_device(self.device)
-        model, self.model_config = load_model(
-            model_path, dtype=self.dtype,
-            prepack=config.prepack_weights and not on_gpu and self.dtype != torch.float16)
+        prepack = config.prepack_weights and not on_gpu and self.dtype != torch.float16
+        if parallel is None:
+            model, self.model_config = load_model(model_path, dtype=self.dtype, prepack=prepack)
+            pool_config = self.model_config
+        else:
+            from pagedllm.model.parallel_loader import load_model_shard
+
+            parallel.comm.device = self.device
+            model, self.model_config = load_model_shard(model_path, parallel.shard,
+                                                        parallel.comm, self.dtype, prepack)
+            pool_config = model.config  # this rank's KV heads
         self.model = model.to(self.device) if on_gpu else model
 
         arch = None
@@ -97,15 +115,18 @@ class Worker:
             config, self.model_config.max_position_embeddings, arch)
         if config.block_size == "auto":
             logger.info("%s", self.block_size_reason)
-        bytes_per_block = PagedKVCache.bytes_per_block(self.model_config, block_size,
+        bytes_per_block = PagedKVCache.bytes_per_block(pool_config, block_size,
                                                        config.kv_cache_dtype, self.dtype)
         device_budget = None
         if on_gpu and config.num_kv_blocks is None and config.kv_cache_memory_bytes is None:
             device_budget = devices.gpu_kv_budget_bytes(
                 self.device, config.gpu_memory_utilization, _GPU_ACTIVATION_RESERVE)
+        if parallel is not None and device_budget is not None:
+            # one block table for every rank: the device with the least room sizes the pools
+            device_budget = parallel.comm.min_over_ranks(device_budget)
         plan = plan_kv_pool(config, bytes_per_block, self.model_config.max_position_embeddings,
                             device_budget, block_size)
-        self.kv_cache = PagedKVCache(self.model_config, plan.num_blocks, plan.block_size,
+        self.kv_cache = PagedKVCache(pool_config, plan.num_blocks, plan.block_size,
                                      config.kv_cache_dtype, config.k_scale, config.v_scale,
                                      dtype=self.dtype, device=self.device)
         num_host_blocks = 0
