@@ -15,6 +15,7 @@ import pickle
 import traceback
 from typing import Any, Optional, Tuple
 
+import numpy as np
 import torch
 
 from pagedllm.config import EngineConfig
@@ -35,10 +36,15 @@ def encode_output(result: ModelOutput) -> tuple:
 
 
 def decode_output(data: tuple) -> ModelOutput:
-    """encode_output's inverse (tensors share the arrays' memory)."""
+    """encode_output's inverse (tensors share the arrays' memory, unless they are read-only,
+    as Ray's zero-copy arrays are: those are copied)."""
     logits, prompt = data
-    return ModelOutput(None if logits is None else torch.from_numpy(logits),
-                       {i: torch.from_numpy(a) for i, a in prompt.items()})
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.require(a, requirements="W"))
+
+    return ModelOutput(None if logits is None else tensor(logits),
+                       {i: tensor(a) for i, a in prompt.items()})
 
 
 def error_reply(e: BaseException) -> Reply:
