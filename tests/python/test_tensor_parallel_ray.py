@@ -1,0 +1,72 @@
+"""The Ray executor at tensor_parallel_size 2 on a local Ray instance (started once for the
+module): the same tokens as the in-process engine and transformers, and a killed actor named."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from engine_fixtures import (assert_pool_clean, engine_model_dir, greedy, hf_greedy,  # noqa: F401
+                             mixed_prompts, tok)
+from pagedllm import LLM
+from pagedllm.engine.executor import ExecutorDeadError
+from tp_fixtures import wait_gone, wait_steps
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray instance with this machine's 2 CPUs (one per rank)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_ray_tp2_equals_tp1_and_transformers_with_forks_and_preemption(local_ray,
+                                                                       engine_model_dir):
+    prefix = mixed_prompts(1, seed=5, lo=20, hi=20)[0]
+    prompts = [prefix + p for p in mixed_prompts(8, seed=12, hi=40)]
+    reference = [hf_greedy(engine_model_dir, p, 8) for p in prompts]
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=40, max_num_batched_tokens=64,
+              watermark=0.0, num_threads=1, tensor_parallel_size=2,
+              distributed_executor_backend="ray")
+    assert "x2 (tensor parallel, ray)" in llm.kv_cache_stats()["device"]
+    outs = llm.generate(tok(prompts), greedy(8, n=2))
+    for out, ref in zip(outs, reference):
+        assert [c.token_ids for c in out.outputs] == [ref, ref]
+    stats = llm.kv_cache_stats()
+    assert stats["num_preemptions"] > 0 and stats["prefix_cache_hit_rate"] > 0, stats
+    assert_pool_clean(llm)
+    pids = list(llm.engine.executor.worker_pids)
+    llm.engine.shutdown()
+    assert wait_gone(pids) == []
+
+
+def test_ray_killed_actor_fails_the_engine_naming_the_rank(local_ray, engine_model_dir):
+    llm = LLM(engine_model_dir, num_kv_blocks=200, num_threads=1, tensor_parallel_size=2,
+              distributed_executor_backend="ray", distributed_timeout_s=120)
+    pids = list(llm.engine.executor.worker_pids)
+    box = {}
+
+    def run():
+        try:
+            llm.generate(tok(mixed_prompts(4, seed=1)), greedy(400))
+        except BaseException as e:  # noqa: BLE001 - inspected below
+            box["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    wait_steps(llm, 3)
+    os.kill(pids[1], signal.SIGKILL)
+    thread.join(100)
+    assert not thread.is_alive()
+    err = box.get("error")
+    assert isinstance(err, ExecutorDeadError), box
+    assert "rank 1" in str(err) and "no answer within" not in str(err), str(err)
+    assert wait_gone(pids) == []
+    llm.engine.shutdown()
