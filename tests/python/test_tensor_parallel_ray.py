@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def local_ray():
     """A local Ray instance with this machine's 2 CPUs (one per rank)."""
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
@@ -33,7 +34,7 @@ def test_ray_tp2_equals_tp1_and_transformers_with_forks_and_preemption(local_ray
     prompts = [prefix + p for p in mixed_prompts(8, seed=12, hi=40)]
     reference = [hf_greedy(engine_model_dir, p, 8) for p in prompts]
     llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=40, max_num_batched_tokens=64,
-              watermark=0.0, num_threads=1, tensor_parallel_size=2,
+              max_num_seqs=32, watermark=0.0, num_threads=1, tensor_parallel_size=2,
               distributed_executor_backend="ray")
     assert "x2 (tensor parallel, ray)" in llm.kv_cache_stats()["device"]
     outs = llm.generate(tok(prompts), greedy(8, n=2))

@@ -1,0 +1,132 @@
+"""Tensor parallelism without processes: the shards a rank loads reassemble the whole weights,
+the reply rules of the distributed executors, and the options (YAML, CLI)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedllm.config import EngineConfig
+from pagedllm.engine.executor import ExecutorDeadError
+from pagedllm.engine.tp_driver import laggards, merge_replies
+from pagedllm.engine.tp_worker import encode_output
+from pagedllm.engine.model_runner import ModelOutput
+from pagedllm.model import load_model
+from pagedllm.model.parallel_loader import load_model_shard
+from pagedllm.model.tensor_parallel import TPShard
+from tp_fixtures import write_tp_model
+
+
+class _NoComm:
+    """Loading calls no collective; a forward would fail loudly here."""
+
+    def __init__(self, rank, world_size):
+        self.rank, self.world_size = rank, world_size
+
+    def all_reduce(self, t):
+        raise AssertionError("no collective expected")
+
+    gather_last_dim = all_reduce
+
+
+def _shards(path, tp):
+    return [load_model_shard(path, TPShard(r, tp), _NoComm(r, tp))[0] for r in range(tp)]
+
+
+@pytest.mark.parametrize("kind, tp", [("mha", 2), ("mha", 4), ("gqa", 2), ("mqa", 2),
+                                      ("mqa", 4), ("tied_bias", 2)])
+def test_shards_reassemble_the_whole_model(tmp_path, kind, tp):
+    path = write_tp_model(tmp_path, kind)
+    full, config = load_model(path)
+    shards = _shards(path, tp)
+    d, h, kv = config.head_dim, config.num_attention_heads, config.num_key_value_heads
+    f = config.intermediate_size
+    q_local = h // tp * d
+    for i, layer in enumerate(full.layers):
+        qkv = layer.self_attn.qkv_proj.weight        # [q + 2 kv, hidden]
+        q, k, v = qkv.split([h * d, kv * d, kv * d])
+        parts = [s.layers[i].self_attn.qkv_proj.weight for s in shards]
+        torch.testing.assert_close(torch.cat([p[:q_local] for p in parts]), q, rtol=0, atol=0)
+        ks = [p[q_local:q_local + max(1, kv // tp) * d] for p in parts]
+        vs = [p[q_local + max(1, kv // tp) * d:] for p in parts]
+        if kv >= tp:  # split: the ranks' KV heads in order
+            torch.testing.assert_close(torch.cat(ks), k, rtol=0, atol=0)
+            torch.testing.assert_close(torch.cat(vs), v, rtol=0, atol=0)
+        else:  # replicated: rank r holds the KV head its query heads read
+            for r in range(tp):
+                head = (r * (h // tp)) // (h // kv)
+                torch.testing.assert_close(ks[r], k[head * d:(head + 1) * d], rtol=0, atol=0)
+                torch.testing.assert_close(vs[r], v[head * d:(head + 1) * d], rtol=0, atol=0)
+        o = torch.cat([s.layers[i].self_attn.o_proj.weight for s in shards], dim=1)
+        torch.testing.assert_close(o, layer.self_attn.o_proj.weight, rtol=0, atol=0)
+        gate, up = layer.mlp.gate_up_proj.weight.split(f)
+        gu = [s.layers[i].mlp.gate_up_proj.weight for s in shards]
+        torch.testing.assert_close(torch.cat([g[:f // tp] for g in gu]), gate, rtol=0, atol=0)
+        torch.testing.assert_close(torch.cat([g[f // tp:] for g in gu]), up, rtol=0, atol=0)
+        down = torch.cat([s.layers[i].mlp.down_proj.weight for s in shards], dim=1)
+        torch.testing.assert_close(down, layer.mlp.down_proj.weight, rtol=0, atol=0)
+        for s in shards:  # whole on every rank: norms and row-parallel biases
+            torch.testing.assert_close(s.layers[i].input_layernorm.weight,
+                                       layer.input_layernorm.weight, rtol=0, atol=0)
+            if config.attention_bias:
+                torch.testing.assert_close(s.layers[i].self_attn.o_proj.bias,
+                                           layer.self_attn.o_proj.bias, rtol=0, atol=0)
+    embed = torch.cat([s.embed_tokens.weight for s in shards])
+    vocab = config.vocab_size
+    torch.testing.assert_close(embed[:vocab], full.embed_tokens.weight, rtol=0, atol=0)
+    assert not embed[vocab:].any()  # the padded rows of the last shard are zero
+    if not config.tie_word_embeddings:
+        head = torch.cat([s.lm_head.weight for s in shards])
+        torch.testing.assert_close(head[:vocab], full.lm_head.weight, rtol=0, atol=0)
+
+
+def test_shard_loading_refuses_a_split_that_does_not_divide(tmp_path):
+    path = write_tp_model(tmp_path, "gqa")
+    with pytest.raises(ValueError, match="tensor_parallel_size=3 must divide "
+                                         "num_attention_heads=4"):
+        load_model_shard(path, TPShard(0, 3), _NoComm(0, 3))
+
+
+def _ok(logits=None):
+    return "ok", encode_output(ModelOutput(logits, {}))
+
+
+def test_replies_all_ok_give_rank0s_logits():
+    logits = torch.arange(6, dtype=torch.float32).view(2, 3)
+    out = merge_replies({0: _ok(logits), 1: ("ok", None)})
+    torch.testing.assert_close(out.logits, logits)
+
+
+def test_replies_the_same_error_everywhere_fail_only_the_step():
+    with pytest.raises(RuntimeError, match="ValueError: bad slots") as info:
+        merge_replies({0: ("error", "ValueError: bad slots"), 1: ("error", "ValueError: bad slots")})
+    assert not isinstance(info.value, ExecutorDeadError)
+
+
+def test_replies_one_rank_failing_kill_the_executor():
+    with pytest.raises(ExecutorDeadError, match="rank 1: RuntimeError: boom"):
+        merge_replies({0: _ok(), 1: ("error", "RuntimeError: boom")})
+
+
+def test_laggards_are_the_ranks_behind_or_every_pending_one():
+    assert laggards([14, 12, 14], [0, 1, 2]) == [1]
+    assert laggards([7, 7], [1]) == [1]
+    assert laggards([3, 3], []) == []
+
+
+def test_parallel_options_from_yaml_and_cli(tmp_path):
+    cfg = EngineConfig.from_dict({"parallel": {"tensor_parallel_size": 2,
+                                               "distributed_executor_backend": "ray",
+                                               "timeout_s": 30}})
+    assert (cfg.tensor_parallel_size, cfg.distributed_executor_backend,
+            cfg.distributed_timeout_s) == (2, "ray", 30)
+    with pytest.raises(ValueError, match="unknown key 'parallel.pipeline_parallel_size'"):
+        EngineConfig.from_dict({"parallel": {"pipeline_parallel_size": 2}})
+    from pagedllm.cli import build_parser
+    from pagedllm.commands.common import engine_config
+
+    args = build_parser().parse_args(["serve", "-tp", "4", "--distributed-executor-backend",
+                                      "mp", "--distributed-timeout", "9"])
+    cfg = engine_config(args)
+    assert (cfg.tensor_parallel_size, cfg.distributed_executor_backend,
+            cfg.distributed_timeout_s) == (4, "mp", 9.0)
