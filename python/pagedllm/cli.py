@@ -66,6 +66,9 @@ def describe_error(e: BaseException) -> tuple:
         return 1, message + (f" (flags: {hint})" if hint else "")
     if isinstance(e, OSError):
         return 1, f"{message} (run with --verbose for details)"
+    executor = sys.modules.get("pagedllm.engine.executor")
+    if executor is not None and isinstance(e, executor.ExecutorDeadError):
+        return 1, message  # a tensor-parallel rank died or hung: the message names it
     return 1, (f"unexpected {type(e).__name__}: {message} "
                "(run with --verbose for the traceback, and please report it)")
 

@@ -73,6 +73,8 @@ class TPRank:
         self.rank = rank
         self.threads = distributed.set_worker_threads(config.num_threads, world_size)
         device = devices.resolve_device(config.device)
+        if device.type == "cuda":  # nccl binds the group to the current device
+            torch.cuda.set_device(device_index)
         distributed.init_process_group(rank, world_size, init_method,
                                        distributed.backend_for(device.type),
                                        config.distributed_timeout_s)
