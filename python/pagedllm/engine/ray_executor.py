@@ -108,7 +108,7 @@ class RayExecutor(Executor):
         self.timeout_s = float(config.distributed_timeout_s)
         self._dead: Optional[str] = None
         if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+            ray.init(log_to_driver=False)  # RAY_ADDRESS, a `ray start` cluster, or a new one
         on_gpu = config.device.startswith("cuda")
         cpus = config.num_threads or 1
         bundle = {"GPU": 1, "CPU": 1} if on_gpu else {"CPU": cpus}
