@@ -131,8 +131,9 @@ class EngineConfig:
         distributed_executor_backend: how the ranks run: "mp" (spawned local processes over
             torch.distributed, the default when tensor_parallel_size > 1) or "ray" (Ray actors
             on the cluster `ray.init()` finds, e.g. several hosts). None: in-process at size 1.
-        distributed_timeout_s: seconds a rank may take to answer (one step, or loading); past
-            it, or when a rank dies, the engine stops with an error naming the rank.
+        distributed_timeout_s: seconds a rank may take to answer a step (starting a rank gets
+            at least 600); past it, or when a rank dies, the engine stops with an error naming
+            the rank.
         num_threads (with tensor_parallel_size > 1): threads per rank; None = the cores
             shared evenly by the local ranks.
     """

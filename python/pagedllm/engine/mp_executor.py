@@ -14,9 +14,9 @@ collectives each rank has entered: the hung one is behind). Either way the execu
 every rank and raises ExecutorDeadError, and the engine stops. Ranks exit by themselves when
 the driver dies (distributed.watch_parent).
 
-Pipes, measured against torch.distributed.broadcast_object_list for the step's inputs
-(benchmarks/bench_tp.py): one pickle, tp pipe writes of a few KB, and no extra hop through a
-rank that would have to be in the driver's group.
+Pipes rather than torch.distributed.broadcast_object_list for the step's inputs: one pickle and
+tp pipe writes of a few KB took 0.2-0.45 ms for a 64-sequence step against 0.8-1.3 ms
+(benchmarks/bench_tp.py, docs/BENCHMARKS.md), and the driver stays out of the group.
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ logger = logging.getLogger("pagedllm")
 _SETTLE_S = 1.0
 # How long shutdown waits for a rank to leave before killing it.
 _EXIT_WAIT_S = 5.0
+# Starting a rank (importing torch, joining the group, loading its shard) may take longer than
+# a step: it gets at least this long (a rank that dies meanwhile is reported at once).
+START_TIMEOUT_S = 600.0
 
 
 def free_port() -> int:
@@ -83,7 +86,7 @@ class MultiprocExecutor(Executor):
             child.close()
             self._conns.append(parent)
             self._procs.append(proc)
-        replies = self._collect("loading the model")
+        replies = self._collect("loading the model", max(self.timeout_s, START_TIMEOUT_S))
         errors = [msg for kind, msg in replies.values() if kind != "ok"]
         if errors:
             self._kill_all()
@@ -112,15 +115,16 @@ class MultiprocExecutor(Executor):
                 conn.send_bytes(data)
             except OSError:
                 self._fail(self._death_message(rank) or f"rank {rank}: its pipe is closed")
-        replies = self._collect("a step")
+        replies = self._collect("a step", self.timeout_s)
         try:
             return merge_replies(replies)
         except ExecutorDeadError as e:
             self._fail(str(e))
 
-    def _collect(self, what: str) -> Dict[int, Reply]:
-        """Every rank's reply, or ExecutorDeadError naming the ranks that died or hung."""
-        deadline = time.monotonic() + self.timeout_s
+    def _collect(self, what: str, timeout_s: float) -> Dict[int, Reply]:
+        """Every rank's reply within timeout_s, or ExecutorDeadError naming the ranks that died
+        or hung."""
+        deadline = time.monotonic() + timeout_s
         replies: Dict[int, Reply] = {}
         pending = set(range(self.world_size))
         sentinels = {p.sentinel: r for r, p in enumerate(self._procs)}
@@ -148,7 +152,7 @@ class MultiprocExecutor(Executor):
         if pending and settle_by is None:
             counts = list(self._progress)
             stuck = laggards(counts, sorted(pending))
-            self._fail(f"while {what}: no answer within {self.timeout_s:g} s "
+            self._fail(f"while {what}: no answer within {timeout_s:g} s "
                        f"(distributed_timeout_s) from rank(s) {sorted(pending)}; "
                        + ", ".join(f"rank {r} (pid {self._procs[r].pid})" for r in stuck)
                        + f" stopped first (collectives entered per rank: {counts})")

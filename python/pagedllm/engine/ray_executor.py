@@ -27,6 +27,7 @@ from typing import Dict, List, Optional
 from pagedllm.config import EngineConfig
 from pagedllm.engine.distributed import StepInputs
 from pagedllm.engine.executor import Executor, ExecutorDeadError
+from pagedllm.engine.mp_executor import START_TIMEOUT_S
 from pagedllm.engine.model_runner import ModelOutput
 from pagedllm.engine.scheduler import SchedulerOutput
 from pagedllm.engine.tp_driver import laggards, merge_replies
@@ -130,10 +131,11 @@ class RayExecutor(Executor):
                     placement_group=self._pg, placement_group_bundle_index=rank),
                 runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cpus)}}).remote()
             for rank in range(self.world_size)]
-        init_method = ray.get(self._actors[0].rendezvous.remote(), timeout=self.timeout_s)
+        init_method = ray.get(self._actors[0].rendezvous.remote(),
+                              timeout=max(self.timeout_s, START_TIMEOUT_S))
         refs = [a.start.remote(r, self.world_size, init_method, config, model_path)
                 for r, a in enumerate(self._actors)]
-        replies = self._collect(refs, "loading the model")
+        replies = self._collect(refs, "loading the model", max(self.timeout_s, START_TIMEOUT_S))
         errors = [msg for kind, msg in replies.values() if kind != "ok"]
         if errors:
             self._kill_all()
@@ -152,19 +154,21 @@ class RayExecutor(Executor):
         if self._dead is not None:
             raise ExecutorDeadError(self._dead)
         data = self._ray.put(pickle.dumps(StepInputs.of(out), protocol=5))
-        replies = self._collect([a.execute.remote(data) for a in self._actors], "a step")
+        replies = self._collect([a.execute.remote(data) for a in self._actors], "a step",
+                                self.timeout_s)
         try:
             return merge_replies(replies)
         except ExecutorDeadError as e:
             self._fail(str(e))
 
-    def _collect(self, refs: list, what: str) -> Dict[int, Reply]:
-        """Every rank's reply to `refs` (rank order), or ExecutorDeadError naming the ranks."""
+    def _collect(self, refs: list, what: str, timeout_s: float) -> Dict[int, Reply]:
+        """Every rank's reply to `refs` (rank order) within timeout_s, or ExecutorDeadError
+        naming the ranks."""
         ray = self._ray
         rank_of = {ref: r for r, ref in enumerate(refs)}
         replies: Dict[int, Reply] = {}
         pending = list(refs)
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + timeout_s
         settle_by: Optional[float] = None
         while pending:
             until = deadline if settle_by is None else min(deadline, settle_by)
@@ -187,7 +191,7 @@ class RayExecutor(Executor):
         if left_over and settle_by is None:
             counts = self._progress()
             stuck = laggards(counts, left_over) if counts else left_over
-            self._fail(f"while {what}: no answer within {self.timeout_s:g} s "
+            self._fail(f"while {what}: no answer within {timeout_s:g} s "
                        f"(distributed_timeout_s) from rank(s) {left_over}; rank(s) {stuck} "
                        f"stopped first (collectives entered per rank: {counts or 'unknown'})")
         for rank in left_over:

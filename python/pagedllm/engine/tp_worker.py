@@ -27,6 +27,7 @@ from pagedllm.model.tensor_parallel import TPShard
 logger = logging.getLogger("pagedllm")
 
 Reply = Tuple[str, Any]  # ("ok", payload) | ("error", "Type: message")
+GROUP_TIMEOUT_S = 600.0
 
 
 def encode_output(result: ModelOutput) -> tuple:
@@ -75,9 +76,11 @@ class TPRank:
         device = devices.resolve_device(config.device)
         if device.type == "cuda":  # nccl binds the group to the current device
             torch.cuda.set_device(device_index)
+        # The driver enforces distributed_timeout_s on every step; the group's own timeout
+        # is only a backstop, long enough for the slowest rank to start.
         distributed.init_process_group(rank, world_size, init_method,
                                        distributed.backend_for(device.type),
-                                       config.distributed_timeout_s)
+                                       max(config.distributed_timeout_s, GROUP_TIMEOUT_S))
         shard = TPShard(rank, world_size)
         comm = TorchDistComm(shard, device, progress)
         self.worker = Worker(config, model_path, ParallelContext(shard, comm, device_index))

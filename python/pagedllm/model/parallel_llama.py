@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from pagedllm.model import packed_linear
 from pagedllm.model.config import ModelConfig
 from pagedllm.model.llama import Embedding, Linear, LlamaForCausalLM
-from pagedllm.model.tensor_parallel import Comm, shard_config, vocab_rows, TPShard
+from pagedllm.model.tensor_parallel import Comm, TPShard, shard_config, vocab_rows
 
 
 class RowParallelLinear(Linear):
