@@ -48,20 +48,25 @@ def test_ray_tp2_equals_tp1_and_transformers_with_forks_and_preemption(local_ray
     assert wait_gone(pids) == []
 
 
-def test_ray_killed_actor_fails_the_engine_naming_the_rank(local_ray, engine_model_dir):
-    llm = LLM(engine_model_dir, num_kv_blocks=200, num_threads=1, tensor_parallel_size=2,
-              distributed_executor_backend="ray", distributed_timeout_s=120)
-    pids = list(llm.engine.executor.worker_pids)
+def _generate_in_thread(llm):
     box = {}
 
     def run():
         try:
             llm.generate(tok(mixed_prompts(4, seed=1)), greedy(400))
-        except BaseException as e:  # noqa: BLE001 - inspected below
+        except BaseException as e:  # noqa: BLE001 - inspected by the test
             box["error"] = e
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
+    return thread, box
+
+
+def test_ray_killed_actor_fails_the_engine_naming_the_rank(local_ray, engine_model_dir):
+    llm = LLM(engine_model_dir, num_kv_blocks=200, num_threads=1, tensor_parallel_size=2,
+              distributed_executor_backend="ray", distributed_timeout_s=120)
+    pids = list(llm.engine.executor.worker_pids)
+    thread, box = _generate_in_thread(llm)
     wait_steps(llm, 3)
     os.kill(pids[1], signal.SIGKILL)
     thread.join(100)
@@ -70,4 +75,22 @@ def test_ray_killed_actor_fails_the_engine_naming_the_rank(local_ray, engine_mod
     assert isinstance(err, ExecutorDeadError), box
     assert "rank 1" in str(err) and "no answer within" not in str(err), str(err)
     assert wait_gone(pids) == []
+    llm.engine.shutdown()
+
+
+def test_ray_stopped_actor_times_out_naming_the_rank(local_ray, engine_model_dir):
+    llm = LLM(engine_model_dir, num_kv_blocks=200, num_threads=1, tensor_parallel_size=2,
+              distributed_executor_backend="ray", distributed_timeout_s=3)
+    pids = list(llm.engine.executor.worker_pids)
+    thread, box = _generate_in_thread(llm)
+    wait_steps(llm, 3)
+    os.kill(pids[1], signal.SIGSTOP)
+    thread.join(100)
+    assert not thread.is_alive()
+    err = box.get("error")
+    assert isinstance(err, ExecutorDeadError), box
+    message = str(err)
+    assert "no answer within 3 s (distributed_timeout_s)" in message, message
+    assert "rank(s) [1] stopped first" in message, message
+    assert wait_gone(pids) == []  # ray.kill ends the stopped actor too
     llm.engine.shutdown()

@@ -190,22 +190,30 @@ class RayExecutor(Executor):
         left_over = sorted(rank_of[ref] for ref in pending)
         if left_over and settle_by is None:
             counts = self._progress()
-            stuck = laggards(counts, left_over) if counts else left_over
+            silent = [r for r, c in enumerate(counts) if c is None]
+            if silent:  # a rank that cannot even say how far it got: stopped or gone
+                stuck = silent
+            else:
+                stuck = laggards(counts, left_over)
             self._fail(f"while {what}: no answer within {timeout_s:g} s "
                        f"(distributed_timeout_s) from rank(s) {left_over}; rank(s) {stuck} "
-                       f"stopped first (collectives entered per rank: {counts or 'unknown'})")
+                       f"stopped first (collectives entered per rank: {counts})")
         for rank in left_over:
             replies[rank] = ("error", "no answer (its peers failed mid-step)")
         return replies
 
-    def _progress(self) -> List[int]:
-        """Each rank's collectives entered ([] when a rank cannot answer quickly)."""
+    def _progress(self) -> List[Optional[int]]:
+        """Each rank's collectives entered (None for a rank that does not answer quickly)."""
         ray = self._ray
-        try:
-            return ray.get([a.collectives_entered.remote() for a in self._actors],
-                           timeout=_PROGRESS_WAIT_S)
-        except ray.exceptions.RayError:
-            return []
+        refs = [a.collectives_entered.remote() for a in self._actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_PROGRESS_WAIT_S)
+        counts: List[Optional[int]] = []
+        for ref in refs:
+            try:
+                counts.append(ray.get(ref) if ref in ready else None)
+            except ray.exceptions.RayError:
+                counts.append(None)
+        return counts
 
     def _fail(self, message: str) -> None:
         self._dead = f"tensor-parallel executor (ray): {message}; the engine cannot run more steps"
