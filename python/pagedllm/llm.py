@@ -53,7 +53,8 @@ class LLM:
         max_model_len: longest prompt + output (default: the model's limit, capped by the pool).
         enable_prefix_caching: reuse cached prefix blocks across requests.
         seed: seed of the engine's sampler.
-        **kwargs: further EngineConfig fields (num_threads, watermark, k_scale, v_scale).
+        **kwargs: further EngineConfig fields (num_threads, watermark, k_scale, v_scale,
+            tensor_parallel_size, distributed_executor_backend, ...).
     """
 
     def __init__(self, model: Optional[str] = None, block_size: Union[int, str] = 16,

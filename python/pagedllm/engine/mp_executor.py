@@ -148,7 +148,11 @@ class MultiprocExecutor(Executor):
                         settle_by = time.monotonic() + _SETTLE_S
             dead = [m for m in (self._death_message(r) for r in range(self.world_size)) if m]
             if dead:
-                self._fail(f"while {what}: " + "; ".join(dead))
+                hint = ""
+                if what == "loading the model" and not replies:
+                    hint = (" (a rank that dies before it starts is often a script without "
+                            "`if __name__ == \"__main__\":`: each spawned rank re-imports it)")
+                self._fail(f"while {what}: " + "; ".join(dead) + hint)
         if pending and settle_by is None:
             counts = list(self._progress)
             stuck = laggards(counts, sorted(pending))
