@@ -26,6 +26,7 @@ import os
 import pickle
 import socket
 import time
+import weakref
 from multiprocessing.connection import wait
 from typing import Dict, List, Optional
 
@@ -58,6 +59,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _kill_processes(procs) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(_EXIT_WAIT_S)
+
+
 class MultiprocExecutor(Executor):
     """The ranks of one tensor-parallel group as spawned processes on this host.
 
@@ -86,6 +94,8 @@ class MultiprocExecutor(Executor):
             child.close()
             self._conns.append(parent)
             self._procs.append(proc)
+        # An executor dropped without shutdown() still takes its ranks with it.
+        weakref.finalize(self, _kill_processes, list(self._procs))
         replies = self._collect("loading the model", max(self.timeout_s, START_TIMEOUT_S))
         errors = [msg for kind, msg in replies.values() if kind != "ok"]
         if errors:
