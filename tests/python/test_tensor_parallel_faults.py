@@ -111,6 +111,13 @@ def test_bad_combinations_are_one_line_errors_naming_the_option(engine_model_dir
     assert "\n" not in str(info.value)
 
 
+def test_an_option_every_rank_refuses_is_the_plain_error(engine_model_dir):
+    with pytest.raises(ValueError, match=r"swap_space=1e-09 GiB holds no KV block") as info:
+        LLM(engine_model_dir, num_kv_blocks=16, num_threads=1, tensor_parallel_size=2,
+            preemption_mode="swap", swap_space=1e-9)
+    assert not isinstance(info.value, ExecutorDeadError)
+
+
 def test_ray_backend_without_ray_names_the_option(engine_model_dir, monkeypatch):
     import importlib.util
 

@@ -8,10 +8,10 @@ import torch
 
 from pagedllm.config import EngineConfig
 from pagedllm.engine.executor import ExecutorDeadError
-from pagedllm.engine.tp_driver import laggards, merge_replies
+from pagedllm.engine.tp_driver import laggards, merge_replies, startup_error
 from pagedllm.engine.tp_worker import encode_output
 from pagedllm.engine.model_runner import ModelOutput
-from pagedllm.model import load_model
+from pagedllm.model import CheckpointError, load_model
 from pagedllm.model.parallel_loader import load_model_shard
 from pagedllm.model.tensor_parallel import TPShard
 from tp_fixtures import write_tp_model
@@ -106,6 +106,15 @@ def test_replies_the_same_error_everywhere_fail_only_the_step():
 def test_replies_one_rank_failing_kill_the_executor():
     with pytest.raises(ExecutorDeadError, match="rank 1: RuntimeError: boom"):
         merge_replies({0: _ok(), 1: ("error", "RuntimeError: boom")})
+
+
+def test_startup_errors_every_rank_shares_are_reraised_as_themselves():
+    assert startup_error({0: ("ok", 1), 1: ("ok", 2)}) is None
+    same = {r: ("error", "CheckpointError: /m: missing tensor 'x'") for r in (0, 1)}
+    err = startup_error(same)
+    assert type(err) is CheckpointError and str(err) == "/m: missing tensor 'x'"
+    err = startup_error({0: ("ok", 1), 1: ("error", "ValueError: bad")})
+    assert isinstance(err, ExecutorDeadError) and "rank 1: ValueError: bad" in str(err)
 
 
 def test_laggards_are_the_ranks_behind_or_every_pending_one():

@@ -37,7 +37,7 @@ from pagedllm.engine.distributed import StepInputs
 from pagedllm.engine.executor import Executor, ExecutorDeadError
 from pagedllm.engine.model_runner import ModelOutput
 from pagedllm.engine.scheduler import SchedulerOutput
-from pagedllm.engine.tp_driver import laggards, merge_replies
+from pagedllm.engine.tp_driver import laggards, merge_replies, startup_error
 from pagedllm.engine.tp_worker import Reply, mp_worker_main
 
 logger = logging.getLogger("pagedllm")
@@ -97,16 +97,10 @@ class MultiprocExecutor(Executor):
         # An executor dropped without shutdown() still takes its ranks with it.
         weakref.finalize(self, _kill_processes, list(self._procs))
         replies = self._collect("loading the model", max(self.timeout_s, START_TIMEOUT_S))
-        errors = [msg for kind, msg in replies.values() if kind != "ok"]
-        if errors:
+        error = startup_error(replies)
+        if error is not None:
             self._kill_all()
-            first = errors[0]
-            kind, _, message = first.partition(": ")
-            if kind in ("ValueError", "CheckpointError") and all(e == first for e in errors):
-                raise ValueError(message)  # the same config error on every rank
-            raise ExecutorDeadError(f"tensor-parallel ranks failed to start: "
-                                    + "; ".join(f"rank {r}: {m}" for r, (k, m) in
-                                                sorted(replies.items()) if k != "ok"))
+            raise error
         self.model_config, self.layout, self._device, self._dtype = replies[0][1]
         logger.info("tensor parallel: %d ranks (pids %s) on %s, %s", self.world_size,
                     self.worker_pids, self._device, self._dtype)

@@ -30,7 +30,7 @@ from pagedllm.engine.executor import Executor, ExecutorDeadError
 from pagedllm.engine.mp_executor import START_TIMEOUT_S
 from pagedllm.engine.model_runner import ModelOutput
 from pagedllm.engine.scheduler import SchedulerOutput
-from pagedllm.engine.tp_driver import laggards, merge_replies
+from pagedllm.engine.tp_driver import laggards, merge_replies, startup_error
 from pagedllm.engine.tp_worker import Reply, error_reply
 
 logger = logging.getLogger("pagedllm")
@@ -136,15 +136,10 @@ class RayExecutor(Executor):
         refs = [a.start.remote(r, self.world_size, init_method, config, model_path)
                 for r, a in enumerate(self._actors)]
         replies = self._collect(refs, "loading the model", max(self.timeout_s, START_TIMEOUT_S))
-        errors = [msg for kind, msg in replies.values() if kind != "ok"]
-        if errors:
+        error = startup_error(replies)
+        if error is not None:
             self._kill_all()
-            kind, _, message = errors[0].partition(": ")
-            if kind in ("ValueError", "CheckpointError") and len(set(errors)) == 1 \
-                    and len(errors) == self.world_size:
-                raise ValueError(message)
-            raise ExecutorDeadError("tensor-parallel ranks failed to start: " + "; ".join(
-                f"rank {r}: {m}" for r, (k, m) in sorted(replies.items()) if k != "ok"))
+            raise error
         self.model_config, self.layout, self._device, self._dtype = replies[0][1]
         self.worker_pids = ray.get([a.pid.remote() for a in self._actors])
         logger.info("tensor parallel over Ray: %d ranks (pids %s) on %s, %s", self.world_size,

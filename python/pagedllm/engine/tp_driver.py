@@ -10,11 +10,15 @@ is dead (ExecutorDeadError, naming the ranks), and the engine stops.
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from pagedllm.engine.executor import ExecutorDeadError
 from pagedllm.engine.model_runner import ModelOutput
 from pagedllm.engine.tp_worker import Reply, decode_output
+from pagedllm.model.errors import CheckpointError
+
+# Errors every rank raises alike while starting: the user's to fix, re-raised as themselves.
+_CONFIG_ERRORS = {"ValueError": ValueError, "CheckpointError": CheckpointError}
 
 
 def merge_replies(replies: Dict[int, Reply]) -> ModelOutput:
@@ -45,3 +49,20 @@ def laggards(progress: Sequence[int], pending: Sequence[int]) -> List[int]:
     low = min(progress[r] for r in range(len(progress)))
     behind = [r for r in range(len(progress)) if progress[r] == low]
     return behind if low < max(progress) else sorted(pending)
+
+
+def startup_error(replies: Dict[int, Reply]) -> Optional[Exception]:
+    """The exception for the ranks' replies to starting (None: every rank started).
+
+    The same ValueError or CheckpointError on every rank (a bad option, a bad checkpoint) is
+    re-raised as itself; anything else is an ExecutorDeadError naming the ranks that failed.
+    """
+    errors = {r: msg for r, (kind, msg) in replies.items() if kind != "ok"}
+    if not errors:
+        return None
+    first = next(iter(errors.values()))
+    kind, _, message = first.partition(": ")
+    if kind in _CONFIG_ERRORS and len(errors) == len(replies) and len(set(errors.values())) == 1:
+        return _CONFIG_ERRORS[kind](message)
+    return ExecutorDeadError("tensor-parallel ranks failed to start: " + "; ".join(
+        f"rank {r}: {m}" for r, m in sorted(errors.items())))
