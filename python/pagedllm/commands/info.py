@@ -135,8 +135,9 @@ def run(args: argparse.Namespace) -> int:
     print(format_facts(facts))
     if args.config:
         print(f"engine config ({args.config}):")
+        width = max(map(len, facts["engine_config"])) + 2
         for key, value in facts["engine_config"].items():
-            print(f"  {key:<24}{value}")
+            print(f"  {key:<{width}}{value}")
     if "kv_store" in facts:
         st = facts["kv_store"]
         detail = (f"{st['records']} records, {st['bytes']} bytes" if st.get("state") == "ok"
