@@ -12,6 +12,7 @@ Parameter names are LlamaForCausalLM's, so the loader's name table applies uncha
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -89,14 +90,15 @@ class ParallelLlamaForCausalLM(LlamaForCausalLM):
 
     def __init__(self, config: ModelConfig, shard: TPShard, comm: Comm,
                  dtype: torch.dtype = torch.float32) -> None:
-        local = shard_config(config, shard.world_size)
+        start, end, padded = vocab_rows(config, shard)
+        # The rank's shapes; its vocabulary is its padded shard (so lm_head is built at that
+        # size; the special token ids, checked against the whole vocabulary, are dropped).
+        local = dataclasses.replace(shard_config(config, shard.world_size), vocab_size=padded,
+                                    bos_token_id=None, eos_token_ids=())
         super().__init__(local, dtype)
         self.full_config, self.shard, self.comm = config, shard, comm
-        start, end, padded = vocab_rows(config, shard)
         self.embed_tokens = VocabParallelEmbedding(start, end, padded, config.hidden_size, dtype,
                                                    comm)
-        if self.lm_head is not None:
-            self.lm_head = Linear(config.hidden_size, padded, False, dtype)
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             attn.o_proj = RowParallelLinear(local.q_size, config.hidden_size,
