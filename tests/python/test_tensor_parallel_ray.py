@@ -1,5 +1,6 @@
-"""The Ray executor at tensor_parallel_size 2 on a local Ray instance (started once for the
-module): the same tokens as the in-process engine and transformers, and a killed actor named."""
+"""The Ray executor at tensor_parallel_size 2 on a local two-node Ray cluster (started once for
+the module): one rank per node, the same tokens as the in-process engine and transformers, and
+a killed or stopped actor named."""
 
 from __future__ import annotations
 
@@ -21,11 +22,17 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """A local Ray instance with this machine's 2 CPUs (one per rank)."""
+    """A local Ray cluster of two nodes with one CPU each (ray.cluster_utils: two raylets on
+    this host), so that the placement group must put one rank on each node."""
+    from ray.cluster_utils import Cluster
+
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, log_to_driver=False)
     yield
     ray.shutdown()
+    cluster.shutdown()
 
 
 def test_ray_tp2_equals_tp1_and_transformers_with_forks_and_preemption(local_ray,
@@ -37,6 +44,10 @@ def test_ray_tp2_equals_tp1_and_transformers_with_forks_and_preemption(local_ray
               max_num_seqs=32, watermark=0.0, num_threads=1, tensor_parallel_size=2,
               distributed_executor_backend="ray")
     assert "x2 (tensor parallel, ray)" in llm.kv_cache_stats()["device"]
+    from ray.util.placement_group import placement_group_table
+
+    nodes = placement_group_table(llm.engine.executor._pg)["bundles_to_node_id"]
+    assert len(set(nodes.values())) == 2  # one rank on each Ray node
     outs = llm.generate(tok(prompts), greedy(8, n=2))
     for out, ref in zip(outs, reference):
         assert [c.token_ids for c in out.outputs] == [ref, ref]
