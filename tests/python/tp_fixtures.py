@@ -3,7 +3,6 @@ checks that worker processes are gone."""
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Iterable, List
 
@@ -65,5 +64,3 @@ def wait_steps(llm, n: int, within_s: float = 60.0) -> None:
             raise AssertionError(f"the engine ran only {llm.engine.num_steps} steps")
         time.sleep(0.01)
 
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")

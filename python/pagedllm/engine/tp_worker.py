@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import pickle
 import traceback
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 import numpy as np
 import torch
@@ -112,7 +112,6 @@ def mp_worker_main(rank: int, world_size: int, init_method: str, config: EngineC
     """Entry point of a spawned rank: builds a TPRank, then answers the driver's messages on
     `conn` (pickled ("step", StepInputs) | ("shutdown", None)) until shutdown or EOF."""
     distributed.watch_parent(parent_pid)
-    rank_obj: Optional[TPRank] = None
     try:
         rank_obj = TPRank(rank, world_size, init_method, config, model_path, rank, progress)
         conn.send_bytes(pickle.dumps(("ok", rank_obj.hello()), protocol=5))
@@ -127,8 +126,4 @@ def mp_worker_main(rank: int, world_size: int, init_method: str, config: EngineC
         if kind == "shutdown":
             break
         conn.send_bytes(pickle.dumps(rank_obj.execute(payload), protocol=5))
-    rank_obj.shutdown()
-    try:
-        conn.send_bytes(pickle.dumps(("ok", None), protocol=5))
-    except OSError:
-        pass
+    rank_obj.shutdown()  # the driver joins the process
