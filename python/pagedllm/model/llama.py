@@ -220,7 +220,7 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv: PagedKVCache) -> torch.Tensor:
+                kv: PagedKVCache, inputs_embeds: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Runs one step: the new tokens of every scheduled sequence, packed.
 
         Args:
@@ -228,6 +228,8 @@ class LlamaForCausalLM(nn.Module):
             positions: [num_tokens] int64, each token's position in its sequence.
             meta: where the tokens' K/V go and what each sequence attends to.
             kv: the paged cache; the new tokens' K/V are written into it.
+            inputs_embeds: [num_tokens, hidden_size], used instead of embedding input_ids
+                (multimodal models put image embeddings at their placeholder rows).
         Returns:
             hidden: [num_tokens, hidden_size], final RMSNorm applied (feed rows to compute_logits).
         Raises:
@@ -242,7 +244,13 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"the KV cache has {kv.num_layers} layers, the model "
                              f"{len(self.layers)}")
         # x: [num_tokens, hidden_size]
-        x = self.embed_tokens(input_ids)
+        if inputs_embeds is None:
+            x = self.embed_tokens(input_ids)
+        elif inputs_embeds.shape != (n, self.config.hidden_size):
+            raise ValueError(f"inputs_embeds {list(inputs_embeds.shape)}: expected "
+                             f"[{n}, {self.config.hidden_size}]")
+        else:
+            x = inputs_embeds
         # cos, sin: [num_tokens, 1, head_dim], shared by every layer
         cos, sin = self.rotary.tables(positions, self.dtype)
         for i, layer in enumerate(self.layers):

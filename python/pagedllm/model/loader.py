@@ -62,7 +62,8 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
         prepack: move the projection weights into oneDNN's blocked layout after loading
             (`LlamaForCausalLM.prepack_weights`): faster matmuls, `Linear.weight` is then None.
     Returns:
-        (model in eval mode with gradients off, its ModelConfig).
+        (model in eval mode with gradients off, its ModelConfig). A LLaVA checkpoint
+        (LlavaForConditionalGeneration) gives the LLaVA model and its decoder's ModelConfig.
     Raises:
         CheckpointError: any problem with the directory, naming the file, tensor and expectation.
     """
@@ -92,6 +93,11 @@ def inspect_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, 
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a directory (expected a Hugging Face checkpoint "
                               f"directory)")
+    from pagedllm.model.llava_loader import maybe_load_llava  # LLaVA: its own layout
+
+    llava = maybe_load_llava(path, dtype, prepack)
+    if llava is not None:
+        return llava
     config = ModelConfig.from_dir(path)
     files, index_map = _weight_files(path)
     found = _scan(files)

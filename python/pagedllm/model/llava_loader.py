@@ -1,0 +1,177 @@
+"""load_llava: a LlavaForConditionalGeneration checkpoint directory -> the paged LLaVA model.
+
+Accepts the tensor layouts transformers writes: llava-1.5 on the Hub (`vision_tower.
+vision_model.*`, `multi_modal_projector.*`, `language_model.model.*`,
+`language_model.lm_head.weight`), transformers 5's save_pretrained (`vision_tower.*` without
+`vision_model.`) and its in-memory layout (`model.vision_tower.*`, `model.language_model.*`,
+`lm_head.weight`). Names are first mapped to one canonical form; then, as for text Llama
+(model/loader.py, whose file scanning and copying it reuses), every expected tensor must be
+present once with its shape and a usable dtype, nothing unexpected may be there, and every
+value must be finite. All problems are listed in one CheckpointError.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional
+
+import torch
+
+from pagedllm.model import loader
+from pagedllm.model.clip_vision import clip_tensor_shapes
+from pagedllm.model.config import ModelConfig, read_json
+from pagedllm.model.errors import CheckpointError
+from pagedllm.model.generation_config import GENERATION_CONFIG, check_generation_config
+from pagedllm.model.llava import LLAVA_ARCHITECTURES, LlavaConfig, LlavaForConditionalGeneration
+from pagedllm.model.weight_names import TensorSlot, expected_tensors
+
+# Buffers some exports carry that hold no weights.
+_IGNORED = ("rotary_emb.inv_freq", "embeddings.position_ids")
+_RENAMES = (  # checkpoint prefix -> canonical prefix, first match wins
+    (re.compile(r"^(model\.)?vision_tower\.(vision_model\.)?"), "vision_tower."),
+    (re.compile(r"^(model\.)?multi_modal_projector\."), "multi_modal_projector."),
+    (re.compile(r"^language_model\.model\."), "model."),
+    (re.compile(r"^model\.language_model\."), "model."),
+    (re.compile(r"^language_model\.lm_head\."), "lm_head."),
+)
+_MAX_LISTED = 12
+
+
+def is_llava_checkpoint(path: str | os.PathLike) -> bool:
+    """True when `path`/config.json names a LLaVA architecture (a cheap peek, no validation)."""
+    cfg = os.path.join(os.fspath(path), "config.json")
+    if not os.path.isfile(cfg):
+        return False
+    d = read_json(cfg)
+    archs = d.get("architectures") or []
+    return (isinstance(archs, list) and any(a in LLAVA_ARCHITECTURES for a in archs)) or \
+        d.get("model_type") == "llava"
+
+
+def read_llava_config(path: str | os.PathLike) -> LlavaConfig:
+    """config.json (+ generation_config.json) of a LLaVA directory, validated.
+
+    Raises:
+        CheckpointError: a missing, unreadable or invalid file (named).
+    """
+    path = os.fspath(path)
+    cfg_path = os.path.join(path, "config.json")
+    d = read_json(cfg_path)
+    gen_path = os.path.join(path, GENERATION_CONFIG)
+    gen = read_json(gen_path) if os.path.lexists(gen_path) else None
+    text = d.get("text_config") if isinstance(d.get("text_config"), dict) else {}
+    vocab = text.get("vocab_size")
+    if gen is not None and isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
+        check_generation_config(gen, vocab, gen_path)
+    try:
+        return LlavaConfig.from_dict(d, gen)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{cfg_path}: {e}") from None
+
+
+def canonical_name(name: str) -> str:
+    """A checkpoint tensor name in the canonical layout (vision_tower.*, multi_modal_projector.*,
+    model.* and lm_head.* of the Llama decoder)."""
+    for pattern, repl in _RENAMES:
+        if pattern.match(name):
+            return pattern.sub(repl, name, count=1)
+    return name
+
+
+def expected_llava_tensors(cfg: LlavaConfig) -> dict[str, TensorSlot]:
+    """Canonical tensor name -> slot (shape, parameter of LlavaForConditionalGeneration)."""
+    out: dict[str, TensorSlot] = {}
+    for name, shape in clip_tensor_shapes(cfg.vision).items():
+        out[f"vision_tower.{name}"] = TensorSlot(shape, f"vision_tower.{name}")
+    h = cfg.text.hidden_size
+    proj = {"linear_1.weight": (h, cfg.projector_in), "linear_2.weight": (h, h)}
+    if cfg.projector_bias:
+        proj.update({"linear_1.bias": (h,), "linear_2.bias": (h,)})
+    for name, shape in proj.items():
+        out[f"multi_modal_projector.{name}"] = TensorSlot(shape, f"multi_modal_projector.{name}")
+    for name, slot in expected_tensors(cfg.text).items():
+        out[name] = TensorSlot(slot.shape, f"language_model.{slot.param}", slot.row_offset)
+    return out
+
+
+def load_llava(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
+               prepack: bool = False) -> tuple[LlavaForConditionalGeneration, ModelConfig]:
+    """Loads a LLaVA checkpoint directory.
+
+    Args:
+        path: directory with config.json (vision_config, text_config) and safetensors.
+        dtype: torch.float32 (the reference) or torch.bfloat16.
+        prepack: prepack the decoder's projections for oneDNN (load_model's option).
+    Returns:
+        (model in eval mode, the decoder's ModelConfig: what the KV pool is sized from).
+    Raises:
+        CheckpointError: any problem with the directory, naming the file and tensor.
+    """
+    if dtype not in loader.SUPPORTED_MODEL_DTYPES:
+        raise ValueError(f"dtype {dtype}: expected one of {loader.SUPPORTED_MODEL_DTYPES}")
+    path = os.fspath(path)
+    cfg = read_llava_config(path)
+    files, _ = loader._weight_files(path)
+    found = loader._scan(files)
+    slots = expected_llava_tensors(cfg)
+    by_ckpt = _match(path, cfg, slots, found)
+    model = LlavaForConditionalGeneration(cfg, dtype)
+    params = dict(model.named_parameters())
+    by_file: dict[str, list[str]] = {}
+    for ckpt_name in by_ckpt:
+        by_file.setdefault(found[ckpt_name].file, []).append(ckpt_name)
+    for file, names in by_file.items():
+        loader._fill(file, names, by_ckpt, params)
+    if prepack:
+        model.prepack_weights()
+    return model.eval(), cfg.text
+
+
+def _match(path: str, cfg: LlavaConfig, slots: dict[str, TensorSlot],
+           found: dict) -> dict[str, TensorSlot]:
+    """Checkpoint name -> slot for every tensor to load; raises listing every problem."""
+    problems: list[str] = []
+    by_ckpt: dict[str, TensorSlot] = {}
+    seen: dict[str, str] = {}
+    for name, info in found.items():
+        if name.endswith(_IGNORED):
+            continue
+        canon = canonical_name(name)
+        if canon in seen:
+            problems.append(f"{info.file}: tensor {name!r} and {seen[canon]!r} are the same "
+                            f"weight ({canon}); expected it once")
+            continue
+        seen[canon] = name
+        slot = slots.get(canon)
+        if slot is None and canon == "lm_head.weight" and cfg.text.tie_word_embeddings:
+            continue  # tolerated, unused (the embedding is tied)
+        if info.dtype not in loader.USABLE_DTYPES:
+            problems.append(f"{info.file}: tensor {name!r} has dtype {info.dtype}, expected one "
+                            f"of {', '.join(loader.USABLE_DTYPES)}")
+        if slot is None:
+            problems.append(f"{info.file}: unexpected tensor {name!r} (not part of a "
+                            f"LlavaForConditionalGeneration with this config)")
+        elif info.shape != slot.shape:
+            problems.append(f"{info.file}: tensor {name!r} has shape {list(info.shape)}, "
+                            f"expected {list(slot.shape)}")
+        else:
+            by_ckpt[name] = slot
+    for canon in slots:
+        if canon not in seen:
+            problems.append(f"{path}: missing tensor {canon!r}")
+    if problems:
+        listed = "\n  - ".join(problems[:_MAX_LISTED])
+        extra = len(problems) - _MAX_LISTED
+        more = f"\n  ... and {extra} more" if extra > 0 else ""
+        raise CheckpointError(f"{path}: the weights do not match config.json "
+                              f"({len(problems)} problem(s))\n  - {listed}{more}")
+    return by_ckpt
+
+
+def maybe_load_llava(path: str, dtype: torch.dtype,
+                     prepack: bool) -> Optional[tuple[LlavaForConditionalGeneration, ModelConfig]]:
+    """load_llava when `path` is a LLaVA checkpoint, else None (load_model's dispatch)."""
+    if not os.path.isdir(path) or not is_llava_checkpoint(path):
+        return None
+    return load_llava(path, dtype, prepack)
