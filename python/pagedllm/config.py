@@ -136,6 +136,11 @@ class EngineConfig:
             the rank.
         num_threads (with tensor_parallel_size > 1): threads per rank; None = the cores
             shared evenly by the local ranks.
+        max_images_per_prompt: multimodal (LLaVA) models: most images in one prompt.
+        max_image_bytes: most encoded bytes of one image.
+        max_image_pixels: most width * height of one decoded image.
+        max_num_encoder_tokens: most image embeddings encoded per step (vLLM's encoder
+            budget); None = max(max_num_batched_tokens, one image's embeddings).
     """
 
     model: Optional[str] = None
@@ -164,6 +169,10 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     distributed_executor_backend: Optional[str] = None
     distributed_timeout_s: float = 300.0
+    max_images_per_prompt: int = 4
+    max_image_bytes: int = 20 << 20
+    max_image_pixels: int = 4096 * 4096
+    max_num_encoder_tokens: Optional[int] = None
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> ValueError:
@@ -233,6 +242,12 @@ class EngineConfig:
         if (isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float))
                 or not 0.0 <= self.swap_space <= 1024.0 or self.swap_space != self.swap_space):
             raise bad("swap_space", "a number of GiB in [0, 1024]")
+        for name in ("max_images_per_prompt", "max_image_bytes", "max_image_pixels",
+                     "max_num_encoder_tokens"):
+            value = getattr(self, name)
+            if not (name == "max_num_encoder_tokens" and value is None) and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise bad(name, "a positive integer")
 
     @property
     def swap_space_bytes(self) -> int:

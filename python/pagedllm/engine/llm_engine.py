@@ -31,6 +31,8 @@ from pagedllm.engine.sampler import Sampler
 from pagedllm.engine.scheduler import Scheduler, SchedulerOutput
 from pagedllm.engine.sequence import Request
 from pagedllm.model.generation_config import read_generation_defaults
+from pagedllm.multimodal.engine_inputs import EngineImages, images_of
+from pagedllm.multimodal.limits import MultiModalLimits
 from pagedllm.outputs import BeamSearchOutput, RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, SamplingParams
 from pagedllm.text_checks import check_text
@@ -101,10 +103,14 @@ class LLMEngine:
         self.kv_manager = _core.KVCacheManager(self.plan.num_blocks, self.block_size,
                                                config.enable_prefix_caching,
                                                self.plan.watermark_blocks)
+        self.images = EngineImages(
+            self.model_path, MultiModalLimits(config.max_images_per_prompt,
+                                              config.max_image_bytes, config.max_image_pixels),
+            config.max_num_encoder_tokens, config.max_num_batched_tokens)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, self.eos_token_ids,
                                    self.max_model_len, self.tokenizer, config.preemption_mode,
-                                   layout.num_host_blocks, self.tier)
+                                   layout.num_host_blocks, self.tier, self.images.encoder)
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed)
         self._ids = itertools.count()
         # Counters for metrics (cumulative since start).
@@ -215,7 +221,9 @@ class LLMEngine:
 
         Args:
             request_id: a unique id (None: the engine makes one).
-            prompt: text, token ids, or {"prompt": text} / {"prompt_token_ids": ids}.
+            prompt: text, token ids, or {"prompt": text} / {"prompt_token_ids": ids}; a dict
+                may add {"multi_modal_data": {"image": PIL image or PNG/JPEG bytes, or a
+                list}} for a LLaVA model, one image placeholder token per image.
             params: sampling parameters (default SamplingParams()).
             arrival_time: for metrics (default now).
             extra_key: prefix-cache namespace (a tenant salt / adapter id hash; 0 = shared).
@@ -233,10 +241,11 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self._prompt_ids(prompt)
+        ids, mm = self.images.prepare(ids, images_of(prompt))
         if params.max_tokens is None:
             params = dataclasses.replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
         self._validate(request_id, ids, params.max_tokens)
-        req = Request(request_id, text, ids, params, extra_key, arrival_time, group)
+        req = Request(request_id, text, ids, params, extra_key, arrival_time, group, **mm)
         self.scheduler.add_request(req)
         self.num_prompt_tokens += len(ids)
         return request_id
@@ -264,9 +273,10 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self._prompt_ids(prompt)
+        ids, mm = self.images.prepare(ids, images_of(prompt))
         self._validate(request_id, ids, sp.max_tokens)
         self.scheduler.add_request(
-            Request(request_id, text, ids, sp, extra_key, arrival_time, group), beam=params)
+            Request(request_id, text, ids, sp, extra_key, arrival_time, group, **mm), beam=params)
         self.num_prompt_tokens += len(ids)
         return request_id
 

@@ -19,6 +19,7 @@ import torch
 
 from pagedllm.engine.scheduler import SchedulerOutput
 from pagedllm.model import AttentionMetadata, PagedKVCache
+from pagedllm.multimodal.encoder_cache import EncoderCache
 
 
 @dataclass
@@ -71,6 +72,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = kv_cache.device
         self._staging = _Staging(self.device) if self.device.type == "cuda" else None
+        self.encoder_cache = EncoderCache(model, self.device)  # image embeddings by hash
 
     def _tensor(self, name: str, arr: np.ndarray) -> torch.Tensor:
         if self._staging is None:
@@ -94,9 +96,11 @@ class ModelRunner:
             num_decode_seqs=out.num_decode_seqs,
             cu_seqlens_q_host=out.cu_seqlens_q,  # checked on the host, not on the device
         )
+        # multimodal steps: {"mm_rows": [k], "mm_embeds": [k, hidden]} (encoder run first)
+        extra = {} if out.multimodal is None else self.encoder_cache.model_inputs(out.multimodal)
         hidden = self.model(self._tensor("ids", out.input_ids),
                             self._tensor("pos", out.positions), meta,
-                            self.kv_cache)                              # [num_tokens, hidden]
+                            self.kv_cache, **extra)                     # [num_tokens, hidden]
         prompt_logits: Dict[int, torch.Tensor] = {}
         for i, a, b in out.prompt_logit_spans:
             # [q_len, vocab] on the host

@@ -42,6 +42,7 @@ from pagedllm.engine.sampler import SampleResult, SampleTarget
 from pagedllm.engine.sequence import Request, Sequence, SequenceStatus
 from pagedllm.engine.stop_checker import StopChecker
 from pagedllm.engine.transfer_plan import KVTransferPlan, as_pairs
+from pagedllm.multimodal.encoder_schedule import EncoderScheduler, StepMultiModal
 from pagedllm.outputs import BeamSearchOutput, RequestOutput
 from pagedllm.sampling_params import BeamSearchParams
 
@@ -96,6 +97,7 @@ class SchedulerOutput:
         sample_targets: the draws to make: row = index into logits_indices.
         beam_rows: (row, sequence) of beam-search beams, whose candidates are ranked instead.
         preempted: sequences preempted while scheduling this step.
+        multimodal: the step's image work (encodes, embedding rows), None without images.
     """
 
     scheduled: List[ScheduledSeq]
@@ -112,6 +114,7 @@ class SchedulerOutput:
     sample_targets: List[SampleTarget] = field(default_factory=list)
     beam_rows: List[Tuple[int, Sequence]] = field(default_factory=list)
     preempted: List[Sequence] = field(default_factory=list)
+    multimodal: Optional[StepMultiModal] = None
 
     @property
     def num_tokens(self) -> int:
@@ -156,12 +159,13 @@ class Scheduler:
             that does not fit there is recomputed).
         num_host_blocks: size of the host swap pool in blocks (0: no swapping).
         tier: the persistent KV tier (engine/kv_tier.py), or None.
+        encoder: the encoder cache and budget of a multimodal model, or None.
     """
 
     def __init__(self, kv: _core.KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  eos_token_ids: Iterable[int] = (), max_model_len: int = 1 << 30,
                  tokenizer=None, preemption_mode: str = "recompute", num_host_blocks: int = 0,
-                 tier=None):
+                 tier=None, encoder: Optional[EncoderScheduler] = None):
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
                              f"got {preemption_mode!r}")
@@ -174,6 +178,7 @@ class Scheduler:
         self.preemption_mode = preemption_mode
         self.host = _core.BlockAllocator(num_host_blocks) if num_host_blocks > 0 else None
         self.tier = tier
+        self.encoder = encoder
         self.processor = OutputProcessor(StopChecker(self.eos_token_ids, max_model_len, tokenizer),
                                          tokenizer)
         self.requests: Dict[str, Request] = {}
@@ -194,6 +199,8 @@ class Scheduler:
         if beam is not None:
             req.beam = beam_search.BeamSearchState(beam)
         self.requests[req.request_id] = req
+        if req.images:
+            self.encoder.add_request(req.images)
         self._enqueue(req.seqs[0])
 
     def abort_request(self, request_id: str) -> None:
@@ -289,6 +296,8 @@ class Scheduler:
         req = seq.request
         if req.finished and req.finish_time is None:
             req.finish_time = time.monotonic()
+            if req.images:
+                self.encoder.release_request(req.images)
 
     # --- scheduling ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -298,6 +307,8 @@ class Scheduler:
                 self.host.decref(b)
             self._host_to_release = []
         step = _Step()
+        if self.encoder is not None:
+            self.encoder.begin_step()
         budget = self._schedule_running(self.max_num_batched_tokens, step)
         if not step.preempted:
             budget = self._schedule_swapped(budget, step)
@@ -329,13 +340,15 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.request.images:  # stop before an image the step cannot encode
+                n = self.encoder.clip(seq.request.images, seq.num_computed_tokens, n)
             if n == 0:
                 i += 1
                 continue
             start = seq.num_computed_tokens
             res = None
             while res is None:
-                res = self.kv.append(seq.seq_id, seq.token_ids[start:start + n])
+                res = self.kv.append(seq.seq_id, seq.kv_tokens(start, start + n))
                 if res is None:
                     if self.running == [seq]:  # alone and still out of blocks: it never fits
                         self.fail_request(seq.request, self._cannot_fit(seq))
@@ -381,9 +394,16 @@ class Scheduler:
     def _hashes(self, req: Request) -> np.ndarray:
         """The prompt's block hashes, computed once per request (kept across preemptions)."""
         if req.block_hashes is None:
-            req.block_hashes = self.kv.block_hashes(
-                np.asarray(req.prompt_token_ids, dtype=np.int32), req.extra_key)
+            req.block_hashes = self.kv.block_hashes(self._prompt_kv(req), req.extra_key)
         return req.block_hashes
+
+    @staticmethod
+    def _prompt_kv(req: Request) -> np.ndarray:
+        """The prompt as the KV manager and the persistent tier key it (image positions hold
+        their content-derived ids)."""
+        if req.kv_prompt_ids is not None:
+            return req.kv_prompt_ids
+        return np.asarray(req.prompt_token_ids, dtype=np.int32)
 
     def _schedule_swapped(self, budget: int, step: _Step) -> int:
         bs = self.block_size
@@ -395,7 +415,7 @@ class Scheduler:
             req = seq.request
             computed = seq.num_computed_tokens
             n_new = min(seq.num_tokens - computed, budget)
-            tokens = np.asarray(seq.token_ids, dtype=np.int32)
+            tokens = seq.kv_tokens()
             hashes = self._hashes(req)
             cached, fit = self.kv.query_admission(tokens, hashes, req.extra_key, computed,
                                                   seq.num_tokens)
@@ -451,7 +471,7 @@ class Scheduler:
             i = self._next_waiting(i, skip)
             seq = self.waiting[i]
             req = seq.request
-            tokens = np.asarray(seq.token_ids, dtype=np.int32)
+            tokens = seq.kv_tokens()
             hashes = self._hashes(req)
             # Prompt logprobs need logits at every prompt position: no prefix hits for those.
             max_cached = 0 if req.prompt_logprobs is not None else seq.num_tokens
@@ -468,6 +488,12 @@ class Scheduler:
                 keys = got
             nd = len(keys) * bs
             n = min(seq.num_tokens - cached - nd, budget)
+            if req.images:  # stop before an image the step cannot encode
+                n = self.encoder.clip(req.images, cached + nd, n)
+                if n == 0:
+                    skip.add(seq.seq_id)
+                    i = 0
+                    continue
             if fit < nd + n:
                 # With nothing running, admit a smaller first chunk rather than stall forever.
                 if self.running or fit < nd + min(n, bs):
@@ -493,7 +519,7 @@ class Scheduler:
     # --- the persistent tier ------------------------------------------------------------------
     def _persistent_keys(self, req: Request) -> list:
         if req.persistent_keys is None:
-            req.persistent_keys = self.tier.keys_for(req.prompt_token_ids, req.extra_key)
+            req.persistent_keys = self.tier.keys_for(self._prompt_kv(req), req.extra_key)
         return req.persistent_keys
 
     def _disk_keys(self, seq: Sequence, cached: int) -> Optional[List[bytes]]:
@@ -523,8 +549,8 @@ class Scheduler:
         if n == 0:
             req.disk_miss_at = first
             return []
-        blocks = [np.asarray(req.prompt_token_ids[j * bs:(j + 1) * bs], dtype=np.int32)
-                  for j in range(first, first + n)]
+        kv = self._prompt_kv(req)
+        blocks = [kv[j * bs:(j + 1) * bs] for j in range(first, first + n)]
         if tier.prefetch(rid, keys[first:first + n], blocks):
             req.disk_first = first
             return None
@@ -538,7 +564,7 @@ class Scheduler:
         bs = self.block_size
         for j in range(min(cached // bs, len(keys))):
             if self.tier.note_served(keys[j]):
-                toks = seq.request.prompt_token_ids[j * bs:(j + 1) * bs]
+                toks = self._prompt_kv(seq.request)[j * bs:(j + 1) * bs]
                 if self.tier.plan_store(keys[j], toks):
                     step.stores.append((int(table[j]), keys[j]))
 
@@ -555,7 +581,7 @@ class Scheduler:
             for j in range(e.start // bs, min(end // bs, len(keys))):
                 if (j + 1) * bs <= e.start:
                     continue
-                toks = seq.request.prompt_token_ids[j * bs:(j + 1) * bs]
+                toks = self._prompt_kv(seq.request)[j * bs:(j + 1) * bs]
                 if self.tier.plan_store(keys[j], toks):
                     step.stores.append((int(tables[i, j]), keys[j]))
 
@@ -669,6 +695,9 @@ class Scheduler:
             sample_targets=targets,
             beam_rows=beam_rows,
             preempted=step.preempted,
+            multimodal=None if self.encoder is None else self.encoder.step_inputs(
+                [(e.seq.request.images, e.start, e.num_new_tokens, int(cu[i]))
+                 for i, e in enumerate(entries) if e.seq.request.images]),
         )
 
     # --- applying a step's results -------------------------------------------------------------

@@ -17,6 +17,7 @@ import itertools
 import time
 from typing import Any, List, Optional
 
+import numpy as np
 import torch
 
 from pagedllm.sampling_params import SamplingParams
@@ -89,6 +90,19 @@ class Sequence:
         """The generated tokens."""
         return self.token_ids[self.num_prompt_tokens:]
 
+    def kv_tokens(self, start: int = 0, end: Optional[int] = None) -> "np.ndarray":
+        """int32 ids of token_ids[start:end] as the KV-cache manager keys them: image
+        positions hold their content-derived ids (pagedllm.multimodal.hashing)."""
+        end = self.num_tokens if end is None else end
+        kv = self.request.kv_prompt_ids
+        if kv is None or start >= self.num_prompt_tokens:
+            return np.asarray(self.token_ids[start:end], dtype=np.int32)
+        head = kv[start:min(end, self.num_prompt_tokens)]
+        if end <= self.num_prompt_tokens:
+            return head
+        return np.concatenate([head, np.asarray(self.token_ids[self.num_prompt_tokens:end],
+                                                dtype=np.int32)])
+
     @property
     def arrival_key(self) -> tuple:
         """Scheduling order: earlier requests first, then completion index."""
@@ -116,12 +130,17 @@ class Request:
             sequences first), so one client's many prompts cannot starve another's one.
         seqs: the sequences (1 until the prompt is computed, then best_of).
         prompt_logprobs: per prompt token, when requested.
+        images: the prompt's ImageInputs (pagedllm.multimodal.prompt), () for text.
+        kv_prompt_ids: int32 prompt ids with image positions' content-derived ids (None: text).
     """
 
     def __init__(self, request_id: str, prompt: Optional[str], prompt_token_ids: List[int],
                  params: SamplingParams, extra_key: int = 0, arrival_time: Optional[float] = None,
-                 group: Optional[str] = None):
+                 group: Optional[str] = None, images: tuple = (),
+                 kv_prompt_ids: Optional[np.ndarray] = None):
         self.request_id = request_id
+        self.images = images
+        self.kv_prompt_ids = kv_prompt_ids
         self.group = group  # fair-share key (an HTTP request's prompts share one); None: FCFS
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)

@@ -20,10 +20,10 @@ import torch
 
 from pagedllm.model import loader
 from pagedllm.model.clip_vision import clip_tensor_shapes
-from pagedllm.model.config import ModelConfig, read_json
+from pagedllm.model.config import ModelConfig
 from pagedllm.model.errors import CheckpointError
-from pagedllm.model.generation_config import GENERATION_CONFIG, check_generation_config
-from pagedllm.model.llava import LLAVA_ARCHITECTURES, LlavaConfig, LlavaForConditionalGeneration
+from pagedllm.model.llava import LlavaForConditionalGeneration
+from pagedllm.model.llava_config import LlavaConfig, is_llava_checkpoint, read_llava_config
 from pagedllm.model.weight_names import TensorSlot, expected_tensors
 
 # Buffers some exports carry that hold no weights.
@@ -36,38 +36,6 @@ _RENAMES = (  # checkpoint prefix -> canonical prefix, first match wins
     (re.compile(r"^language_model\.lm_head\."), "lm_head."),
 )
 _MAX_LISTED = 12
-
-
-def is_llava_checkpoint(path: str | os.PathLike) -> bool:
-    """True when `path`/config.json names a LLaVA architecture (a cheap peek, no validation)."""
-    cfg = os.path.join(os.fspath(path), "config.json")
-    if not os.path.isfile(cfg):
-        return False
-    d = read_json(cfg)
-    archs = d.get("architectures") or []
-    return (isinstance(archs, list) and any(a in LLAVA_ARCHITECTURES for a in archs)) or \
-        d.get("model_type") == "llava"
-
-
-def read_llava_config(path: str | os.PathLike) -> LlavaConfig:
-    """config.json (+ generation_config.json) of a LLaVA directory, validated.
-
-    Raises:
-        CheckpointError: a missing, unreadable or invalid file (named).
-    """
-    path = os.fspath(path)
-    cfg_path = os.path.join(path, "config.json")
-    d = read_json(cfg_path)
-    gen_path = os.path.join(path, GENERATION_CONFIG)
-    gen = read_json(gen_path) if os.path.lexists(gen_path) else None
-    text = d.get("text_config") if isinstance(d.get("text_config"), dict) else {}
-    vocab = text.get("vocab_size")
-    if gen is not None and isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
-        check_generation_config(gen, vocab, gen_path)
-    try:
-        return LlavaConfig.from_dict(d, gen)
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{cfg_path}: {e}") from None
 
 
 def canonical_name(name: str) -> str:

@@ -1,0 +1,83 @@
+"""The engine's entry for images: `multi_modal_data` of a prompt -> Request fields.
+
+One object per engine (None for a text-only checkpoint only in the sense that `processor` is
+None: images sent to such a model are refused with a clear error). It owns the
+ImagePromptProcessor (placeholders, preprocessing, limits) and the scheduler's
+EncoderScheduler (encoder cache bookkeeping and budget).
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+from pagedllm.multimodal.encoder_schedule import EncoderScheduler
+from pagedllm.multimodal.image_io import ImageInputError
+from pagedllm.multimodal.limits import MultiModalLimits
+from pagedllm.multimodal.prompt import ImagePromptProcessor, text_only_error
+
+MODALITIES = ("image",)
+
+
+def images_of(prompt: Any) -> List[object]:
+    """The images of a prompt dict's `multi_modal_data` ({"image": one or a list}); [] if none.
+
+    Raises:
+        ValueError: multi_modal_data is not a mapping or names another modality.
+    """
+    if not isinstance(prompt, dict) or prompt.get("multi_modal_data") is None:
+        return []
+    data = prompt["multi_modal_data"]
+    if not isinstance(data, dict):
+        raise ImageInputError(f"multi_modal_data must be a dict like {{'image': image}}, got "
+                              f"{type(data).__name__}")
+    other = sorted(set(data) - set(MODALITIES))
+    if other:
+        raise ImageInputError(f"multi_modal_data has {other}: only {list(MODALITIES)} is "
+                              f"supported")
+    images = data.get("image", [])
+    return list(images) if isinstance(images, (list, tuple)) else [images]
+
+
+class EngineImages:
+    """Image handling for one engine.
+
+    Args:
+        model_path: the checkpoint directory.
+        limits: per-prompt limits.
+        max_num_encoder_tokens: the encoder budget per step (None: max(max_num_batched_tokens,
+            one image's embeddings)).
+        max_num_batched_tokens: the scheduler's token budget.
+    Raises:
+        ValueError: an encoder budget below one image's embeddings, or a bad preprocessor
+            config.
+    """
+
+    def __init__(self, model_path: str, limits: MultiModalLimits,
+                 max_num_encoder_tokens: Optional[int], max_num_batched_tokens: int):
+        self.model_path = model_path
+        self.processor = ImagePromptProcessor.from_dir(model_path, limits)
+        self.encoder: Optional[EncoderScheduler] = None
+        if self.processor is None:
+            return
+        per_image = self.processor.num_image_tokens
+        budget = max_num_encoder_tokens or max(max_num_batched_tokens, per_image)
+        if budget < per_image:
+            raise ValueError(f"max_num_encoder_tokens = {budget} is below one image's "
+                             f"{per_image} embeddings: no image could ever be encoded")
+        self.encoder = EncoderScheduler(budget)
+
+    def prepare(self, token_ids: List[int], images: List[object]) -> Tuple[List[int], dict]:
+        """Expanded prompt ids and the Request keyword arguments for its images.
+
+        Raises:
+            ValueError: images for a text-only model, a placeholder count that differs from
+                the image count, a limit exceeded, unusable image data.
+        """
+        if self.processor is None:
+            if images:
+                raise text_only_error(self.model_path)
+            return token_ids, {}
+        if not images and self.processor.image_token_id not in token_ids:
+            return token_ids, {}
+        mm = self.processor.process(token_ids, images)
+        return mm.token_ids, {"images": mm.images, "kv_prompt_ids": mm.kv_token_ids}
