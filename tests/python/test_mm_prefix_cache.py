@@ -1,0 +1,70 @@
+"""Prefix caching with images: the same image and prompt hit (identical output), one changed
+pixel misses from the image's first block on, the text before the image stays shared, and the
+persistent tier's keys follow the same rule."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine_fixtures import assert_pool_clean
+from mm_fixtures import IMAGE_TOKEN, llava_dir, random_image, text_prompt  # noqa: F401
+from pagedllm import LLM, SamplingParams
+
+BS = 4
+PREFIX = 10  # text tokens before the image: blocks 0 and 1 are text only, block 2 has both
+
+
+def run(llm, image, prefix=PREFIX):
+    p = text_prompt(prefix, 0) + [IMAGE_TOKEN] + text_prompt(9, 1)
+    before = llm.kv_cache_stats()["prefix_cache_hits"]
+    (out,) = llm.generate([{"prompt_token_ids": p, "multi_modal_data": {"image": image}}],
+                          SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+                          use_tqdm=False)
+    return out.outputs[0].token_ids, llm.kv_cache_stats()["prefix_cache_hits"] - before
+
+
+def test_same_image_hits_changed_pixel_misses_past_the_text(llava_dir):
+    llm = LLM(llava_dir, num_kv_blocks=256, block_size=BS)
+    img = random_image(1)
+    first, hits0 = run(llm, img)
+    assert hits0 == 0
+    again, hits1 = run(llm, img.copy())  # same pixels, another object
+    assert again == first
+    prompt_len = PREFIX + 16 + 9
+    assert hits1 == (prompt_len - 1) // BS * BS  # every full block but the last token's
+    changed = img.copy()
+    changed.putpixel((3, 5), tuple((v + 1) % 256 for v in changed.getpixel((3, 5))))
+    encoded = llm.engine.images.encoder.num_encoded_images
+    other, hits2 = run(llm, changed)
+    assert hits2 == PREFIX // BS * BS  # only the text-only blocks before the image
+    assert llm.engine.images.encoder.num_encoded_images == encoded + 1
+    # the changed image is its own entry: it now hits in full, and so does the first again
+    assert run(llm, changed) == (other, hits1)
+    assert run(llm, img) == (first, hits1)
+    assert_pool_clean(llm)
+
+
+def test_cache_ids_and_persistent_keys_carry_the_image_per_block(llava_dir):
+    from pagedllm import _core
+    from pagedllm.engine.kv_tier import prompt_keys
+    from pagedllm.multimodal.limits import MultiModalLimits
+    from pagedllm.multimodal.prompt import ImagePromptProcessor
+
+    proc = ImagePromptProcessor.from_dir(llava_dir, MultiModalLimits())
+    p = text_prompt(PREFIX, 0) + [IMAGE_TOKEN] + text_prompt(9, 1)
+    img = random_image(1)
+    changed = img.copy()
+    changed.putpixel((0, 0), (0, 0, 0) if img.getpixel((0, 0)) != (0, 0, 0) else (1, 1, 1))
+    a, b = proc.process(p, [img]), proc.process(p, [changed])
+    assert a.token_ids == b.token_ids  # the model sees the same placeholder ids
+    assert np.array_equal(a.kv_token_ids[:PREFIX], p[:PREFIX])
+    assert (a.kv_token_ids[PREFIX:PREFIX + 16] < 0).all()  # never a real token id
+    assert (a.kv_token_ids[PREFIX:PREFIX + 16] != b.kv_token_ids[PREFIX:PREFIX + 16]).all()
+    kv = _core.KVCacheManager(64, BS, True, 0)
+    ha, hb = kv.block_hashes(a.kv_token_ids, 0), kv.block_hashes(b.kv_token_ids, 0)
+    first_image_block = PREFIX // BS
+    assert (ha[:first_image_block] == hb[:first_image_block]).all()
+    assert (ha[first_image_block:] != hb[first_image_block:]).all()
+    ka, kb = prompt_keys(a.kv_token_ids, BS, 0), prompt_keys(b.kv_token_ids, BS, 0)
+    assert ka[:first_image_block] == kb[:first_image_block]
+    assert all(x != y for x, y in zip(ka[first_image_block:], kb[first_image_block:]))
