@@ -44,6 +44,9 @@ def add_policy_arguments(group) -> None:
                        metavar="N", help="most logprob entries one request asks for: "
                        "sequences x max_tokens x (logprobs + 1) + prompt tokens x "
                        "(prompt_logprobs + 1) (1048576)")
+    group.add_argument("--allowed-media-domains", metavar="DOMAINS", default="",
+                       help="comma-separated domains whose http(s) image URLs are allowed "
+                            "(the engine still never fetches them: send images as data: URLs)")
 
 
 def policy_settings(args: argparse.Namespace) -> Dict[str, Any]:
@@ -60,4 +63,6 @@ def policy_settings(args: argparse.Namespace) -> Dict[str, Any]:
             "cache_salt_by_api_key": args.cache_salt_by_api_key,
             "max_prompts_per_request": args.max_prompts_per_request,
             "max_sequences_per_request": args.max_sequences_per_request,
-            "max_logprobs_per_request": args.max_logprobs_per_request}
+            "max_logprobs_per_request": args.max_logprobs_per_request,
+            "allowed_media_domains": tuple(d.strip() for d in args.allowed_media_domains.split(",")
+                                           if d.strip())}

@@ -25,6 +25,7 @@ class Prompt:
 
     text: Optional[str]
     token_ids: List[int]
+    images: tuple = ()  # decoded images of a multimodal chat prompt (chat_images.py)
 
 
 class ClientDisconnected(Exception):
@@ -125,6 +126,8 @@ async def submit(state: ServerState, base_id: str, prompts: List[Prompt],
     """
     def engine_prompt(p: Prompt) -> dict:
         prompt = {"prompt_token_ids": p.token_ids}
+        if p.images:
+            prompt["multi_modal_data"] = {"image": list(p.images)}
         if p.text is not None:
             prompt["prompt"] = p.text
         return prompt

@@ -155,11 +155,12 @@ class CompletionRequest(_SamplingRequest):
 
 
 class ContentPart(_Body):
-    """One part of a message's content; only text parts are supported."""
+    """One part of a message's content: text, or image_url (multimodal models)."""
 
     model_config = ConfigDict(extra="allow")
     type: str
     text: Optional[str] = None
+    image_url: Optional[Dict[str, Any]] = None
 
 
 class ChatMessage(_Body):
@@ -170,14 +171,18 @@ class ChatMessage(_Body):
     content: Optional[Union[str, List[ContentPart]]] = None
     name: Optional[str] = None
 
-    def text(self, index: int) -> str:
-        """The content as plain text (text parts joined)."""
+    def text(self, index: int, image_text: Optional[str] = None) -> str:
+        """The content as plain text (text parts joined; image_url parts as `image_text`
+        when given, the model's image placeholder)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
         parts = []
         for part in self.content:
+            if part.type == "image_url" and image_text is not None:
+                parts.append(image_text)
+                continue
             if part.type != "text" or part.text is None:
                 raise bad_request(f"messages[{index}].content: only text parts are supported, "
                                   f"got a part of type {part.type!r}", f"messages.{index}.content")

@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from pagedllm.outputs import RequestOutput
+from pagedllm.server.chat_images import chat_images
 from pagedllm.server.chat_template import ChatTemplateError
 from pagedllm.streaming import ChoiceTracker, holdback_for
 from pagedllm.server.errors import OpenAIError, bad_request
@@ -51,9 +52,10 @@ def render_chat(state: ServerState, messages: List[ChatMessage],
     if add_generation_prompt and continue_final_message:
         raise bad_request("continue_final_message and add_generation_prompt cannot both be "
                           "true (set add_generation_prompt to false)", "continue_final_message")
+    images, image_text = chat_images(state, messages)
     dicts = []
     for i, m in enumerate(messages):
-        d = {"role": m.role, "content": m.text(i)}
+        d = {"role": m.role, "content": m.text(i, image_text)}
         if m.name is not None:
             d["name"] = m.name
         dicts.append(d)
@@ -66,7 +68,7 @@ def render_chat(state: ServerState, messages: List[ChatMessage],
         text = _open_final_message(text, dicts[-1]["content"], len(dicts) - 1)
     add_special = (not state.chat_template.starts_with_bos(text) if add_special_tokens is None
                    else add_special_tokens)
-    return Prompt(text, state.encode(text, add_special_tokens=add_special))
+    return Prompt(text, state.encode(text, add_special_tokens=add_special), tuple(images))
 
 
 def _open_final_message(text: str, content: str, index: int) -> str:
@@ -104,7 +106,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
                          req.chat_template_kwargs)
     kept = truncate(prompt.token_ids, req.truncate_prompt_tokens, state.max_model_len)
     if len(kept) != len(prompt.token_ids):
-        prompt = Prompt(None, kept)
+        prompt = Prompt(None, kept, prompt.images)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = state.max_tokens(requested, len(prompt.token_ids), param)
@@ -138,7 +140,9 @@ def _response(state: ServerState, req: ChatCompletionRequest, request_id: str, p
         choices.append(ChatChoice(index=comp.index, message=ChatResponseMessage(content=comp.text),
                                   logprobs=logprobs, finish_reason=comp.finish_reason,
                                   stop_reason=comp.stop_reason))
-    usage = UsageInfo.of(len(prompt.token_ids), sum(len(c.token_ids) for c in final.outputs))
+    # the engine's prompt: image placeholders expanded to their patch positions
+    usage = UsageInfo.of(len(final.prompt_token_ids or prompt.token_ids),
+                         sum(len(c.token_ids) for c in final.outputs))
     plp = None
     if req.prompt_logprobs is not None:
         plp = prompt_logprobs(prompt.token_ids, final.prompt_logprobs, req.prompt_logprobs)

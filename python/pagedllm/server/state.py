@@ -6,7 +6,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from pagedllm.engine.async_engine import AsyncLLMEngine
 from pagedllm.metrics import EngineMetrics
@@ -44,6 +44,8 @@ class ServerSettings:
             max(n, best_of).
         max_logprobs_per_request: most logprob entries one request may ask for: sequences x
             max_tokens x (logprobs + 1), plus prompt tokens x (prompt_logprobs + 1).
+        allowed_media_domains: domains whose remote image URLs the operator allows; this
+            server still never fetches them (they are refused with a message saying so).
     """
 
     api_key: Optional[str] = None
@@ -58,6 +60,7 @@ class ServerSettings:
     max_prompts_per_request: int = 256
     max_sequences_per_request: int = 256
     max_logprobs_per_request: int = 1 << 20
+    allowed_media_domains: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_request_bytes", "max_tokens_limit", "max_prompts_per_request",

@@ -1,0 +1,98 @@
+"""The OpenAI chat route with images: `image_url` parts with data: URLs give transformers'
+greedy tokens; remote URLs, bad data and limits are clear 400s and the server carries on."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+import httpx
+import pytest
+
+from mm_fixtures import IMAGE_TOKEN, VOCAB, hf_greedy, png_bytes, random_image, write_tiny_llava
+from server_fixtures import serve_tiny_model
+
+
+def write_word_tokenizer(path: str) -> None:
+    """A whitespace word-level tokenizer: w3..w249 are ids 3..249, <image> is IMAGE_TOKEN."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, AddedToken
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, IMAGE_TOKEN)}}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.add_special_tokens([AddedToken("<image>", normalized=False)])
+    assert tk.token_to_id("<image>") == IMAGE_TOKEN and tk.get_vocab_size() <= VOCAB
+    tk.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": None, "eos_token": "</s>",
+                   "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"}, f)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    path = write_tiny_llava(str(tmp_path_factory.mktemp("llava_chat")))
+    write_word_tokenizer(path)
+    from pagedllm.server.state import ServerSettings
+
+    settings = ServerSettings(allowed_media_domains=("example.com",), max_request_bytes=1 << 22)
+    with serve_tiny_model(path, settings, num_kv_blocks=128, block_size=4,
+                          max_image_bytes=50_000) as srv:
+        yield srv, path
+
+
+def chat(srv, parts, **kw):
+    body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 5,
+            "temperature": 0, "ignore_eos": True, **kw}
+    return httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
+
+
+def image_part(url):
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def data_url(img, fmt="PNG"):
+    return f"data:image/{fmt.lower()};base64,{base64.b64encode(png_bytes(img, fmt)).decode()}"
+
+
+def test_chat_with_data_url_images_matches_transformers(server):
+    import io
+
+    from PIL import Image
+
+    srv, path = server
+    a, b = random_image(1), random_image(2, (30, 50))
+    r = chat(srv, [{"type": "text", "text": "w5 w6"}, image_part(data_url(a)),
+                   {"type": "text", "text": "w7"}, image_part(data_url(b, "JPEG"))],
+             logprobs=True, return_tokens_as_token_ids=True)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    tokens = [int(t["token"].split(":")[1]) for t in got["choices"][0]["logprobs"]["content"]]
+    jpeg = Image.open(io.BytesIO(png_bytes(b, "JPEG"))).convert("RGB")  # what the server sees
+    assert tokens == hf_greedy(path, [5, 6, IMAGE_TOKEN, 7, IMAGE_TOKEN], [a, jpeg], 5)
+    assert got["usage"]["prompt_tokens"] == 3 + 2 * 16  # placeholders expanded
+    assert got["usage"]["completion_tokens"] == 5
+
+
+@pytest.mark.parametrize("url,message", [
+    ("https://evil.test/cat.png", "not in --allowed-media-domains"),
+    ("https://img.example.com/cat.png", "does not fetch remote media"),
+    ("data:image/png;base64,AAAA", "not a PNG or JPEG"),
+    ("data:image/gif;base64,AAAA", "media type 'image/gif'"),
+])
+def test_refused_image_urls_are_400s(server, url, message):
+    srv, _ = server
+    r = chat(srv, [{"type": "text", "text": "w5"}, image_part(url)])
+    assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+    ok = chat(srv, [{"type": "text", "text": "w5 w6"}])  # the server carries on
+    assert ok.status_code == 200
+
+
+def test_too_large_and_too_many_images_are_400s(server):
+    srv, _ = server
+    big = random_image(3, (200, 200))
+    r = chat(srv, [image_part(data_url(big))])
+    assert r.status_code == 400 and "max_image_bytes = 50000" in r.text, r.text
+    small = data_url(random_image(4, (8, 8)))
+    r = chat(srv, [image_part(small)] * 5)
+    assert r.status_code == 400 and "max_images_per_prompt = 4" in r.text, r.text
