@@ -68,3 +68,27 @@ def test_cache_ids_and_persistent_keys_carry_the_image_per_block(llava_dir):
     ka, kb = prompt_keys(a.kv_token_ids, BS, 0), prompt_keys(b.kv_token_ids, BS, 0)
     assert ka[:first_image_block] == kb[:first_image_block]
     assert all(x != y for x, y in zip(ka[first_image_block:], kb[first_image_block:]))
+
+
+def test_the_block_holding_an_image_start_is_keyed_by_the_image_in_every_slot(llava_dir):
+    # An image starting at the last slot of a block: without salting, that block would differ
+    # from another image's in one 31-bit id only; the text before it in the block is salted.
+    from pagedllm.multimodal.hashing import salt_image_blocks
+    from pagedllm.multimodal.limits import MultiModalLimits
+    from pagedllm.multimodal.prompt import ImagePromptProcessor
+
+    proc = ImagePromptProcessor.from_dir(llava_dir, MultiModalLimits())
+    text = text_prompt(11, 0)
+    img, other = random_image(1), random_image(2)
+
+    def ids(prompt_text, image):
+        mmp = proc.process(prompt_text + [IMAGE_TOKEN] + [5], [image])
+        return salt_image_blocks(mmp.kv_token_ids, mmp.images, BS)
+
+    a, b = ids(text, img), ids(text, other)
+    assert np.array_equal(a[:8], text[:8]) and np.array_equal(b[:8], text[:8])
+    assert (a[8:12] < 0).all() and (a[8:12] != b[8:12]).all()
+    edited = list(text)
+    edited[9] += 1
+    c = ids(edited, img)  # same image, other text in its block: that slot differs
+    assert c[9] != a[9] and np.array_equal(c[10:], a[10:])

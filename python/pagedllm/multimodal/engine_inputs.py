@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Tuple
 
 from pagedllm.multimodal.encoder_schedule import EncoderScheduler
+from pagedllm.multimodal.hashing import salt_image_blocks
 from pagedllm.multimodal.image_io import ImageInputError
 from pagedllm.multimodal.limits import MultiModalLimits
 from pagedllm.multimodal.prompt import ImagePromptProcessor, text_only_error
@@ -47,14 +48,17 @@ class EngineImages:
         max_num_encoder_tokens: the encoder budget per step (None: max(max_num_batched_tokens,
             one image's embeddings)).
         max_num_batched_tokens: the scheduler's token budget.
+        block_size: the KV block size (image blocks' cache ids are salted per block).
     Raises:
         ValueError: an encoder budget below one image's embeddings, or a bad preprocessor
             config.
     """
 
     def __init__(self, model_path: str, limits: MultiModalLimits,
-                 max_num_encoder_tokens: Optional[int], max_num_batched_tokens: int):
+                 max_num_encoder_tokens: Optional[int], max_num_batched_tokens: int,
+                 block_size: int):
         self.model_path = model_path
+        self.block_size = block_size
         self.processor = ImagePromptProcessor.from_dir(model_path, limits)
         self.encoder: Optional[EncoderScheduler] = None
         if self.processor is None:
@@ -80,4 +84,5 @@ class EngineImages:
         if not images and self.processor.image_token_id not in token_ids:
             return token_ids, {}
         mm = self.processor.process(token_ids, images)
-        return mm.token_ids, {"images": mm.images, "kv_prompt_ids": mm.kv_token_ids}
+        kv = salt_image_blocks(mm.kv_token_ids, mm.images, self.block_size)
+        return mm.token_ids, {"images": mm.images, "kv_prompt_ids": kv}
