@@ -72,6 +72,14 @@ def test_chat_with_data_url_images_matches_transformers(server):
     assert tokens == hf_greedy(path, [5, 6, IMAGE_TOKEN, 7, IMAGE_TOKEN], [a, jpeg], 5)
     assert got["usage"]["prompt_tokens"] == 3 + 2 * 16  # placeholders expanded
     assert got["usage"]["completion_tokens"] == 5
+    # streamed, with usage, and without max_tokens (the default fits the expanded prompt)
+    body = {"messages": [{"role": "user", "content": [image_part(data_url(a))]}],
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: {")]
+    assert events[-1]["usage"]["prompt_tokens"] == 16
 
 
 @pytest.mark.parametrize("url,message", [

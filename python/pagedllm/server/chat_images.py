@@ -61,3 +61,10 @@ def _processor(state: ServerState):
     """The engine's ImagePromptProcessor (None: a text-only model)."""
     images = getattr(state.engine.engine, "images", None)
     return getattr(images, "processor", None)
+
+
+def expanded_len(state: ServerState, prompt) -> int:
+    """Prompt length as the engine counts it: each image placeholder becomes its patch count."""
+    if not prompt.images:
+        return len(prompt.token_ids)
+    return len(prompt.token_ids) + len(prompt.images) * (_processor(state).num_image_tokens - 1)

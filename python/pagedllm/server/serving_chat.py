@@ -11,7 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from pagedllm.outputs import RequestOutput
-from pagedllm.server.chat_images import chat_images
+from pagedllm.server.chat_images import chat_images, expanded_len
 from pagedllm.server.chat_template import ChatTemplateError
 from pagedllm.streaming import ChoiceTracker, holdback_for
 from pagedllm.server.errors import OpenAIError, bad_request
@@ -109,9 +109,10 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         prompt = Prompt(None, kept, prompt.images)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    max_tokens = state.max_tokens(requested, len(prompt.token_ids), param)
+    prompt_len = expanded_len(state, prompt)  # image placeholders expanded
+    max_tokens = state.max_tokens(requested, prompt_len, param)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    state.check_limits(1, req.n, max_tokens, logprobs, len(prompt.token_ids), req.prompt_logprobs)
+    state.check_limits(1, req.n, max_tokens, logprobs, prompt_len, req.prompt_logprobs)
     params = sampling_params(state, req, max_tokens, stops, logprobs,
                              prompt_logprobs=req.prompt_logprobs)
     request_id = new_id("chatcmpl")
@@ -145,7 +146,8 @@ def _response(state: ServerState, req: ChatCompletionRequest, request_id: str, p
                          sum(len(c.token_ids) for c in final.outputs))
     plp = None
     if req.prompt_logprobs is not None:
-        plp = prompt_logprobs(prompt.token_ids, final.prompt_logprobs, req.prompt_logprobs)
+        plp = prompt_logprobs(final.prompt_token_ids or prompt.token_ids, final.prompt_logprobs,
+                              req.prompt_logprobs)
     return ChatCompletionResponse(id=request_id, model=state.model_name, choices=choices,
                                   usage=usage, prompt_logprobs=plp)
 
@@ -158,7 +160,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, request_id: st
 
     def chunk(choice: Optional[ChatStreamChoice], usage: Optional[UsageInfo] = None) -> str:
         if usage is None and choice is not None and req.continuous_usage():
-            usage = UsageInfo.of(len(prompt.token_ids), sum(tokens.values()))
+            usage = UsageInfo.of(expanded_len(state, prompt), sum(tokens.values()))
         return sse_event(ChatCompletionChunk(id=request_id, created=created,
                                              model=state.model_name,
                                              choices=[choice] if choice else [], usage=usage))
@@ -182,7 +184,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, request_id: st
                                              finish_reason=d.finish_reason,
                                              stop_reason=d.stop_reason))
         if req.include_usage():
-            yield chunk(None, UsageInfo.of(len(prompt.token_ids), sum(tokens.values())))
+            yield chunk(None, UsageInfo.of(expanded_len(state, prompt), sum(tokens.values())))
         yield DONE_EVENT
     except OpenAIError as e:  # the engine stopped mid-stream
         yield sse_event(e.response().body.decode("utf-8"))
