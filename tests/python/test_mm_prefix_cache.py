@@ -92,3 +92,29 @@ def test_the_block_holding_an_image_start_is_keyed_by_the_image_in_every_slot(ll
     edited[9] += 1
     c = ids(edited, img)  # same image, other text in its block: that slot differs
     assert c[9] != a[9] and np.array_equal(c[10:], a[10:])
+
+
+def test_persistent_tier_hits_the_same_image_after_a_restart_and_not_another(llava_dir,
+                                                                             tmp_path):
+    def engine():
+        return LLM(llava_dir, num_kv_blocks=256, block_size=BS,
+                   persistence={"storage_path": str(tmp_path / "kv")})
+
+    img = random_image(1)
+    changed = img.copy()
+    changed.putpixel((1, 1), (0, 0, 0) if img.getpixel((1, 1)) != (0, 0, 0) else (9, 9, 9))
+    cold = engine()
+    first, _ = run(cold, img)
+    cold.engine.tier.flush()
+    cold.engine.shutdown()
+    warm = engine()
+    again, _ = run(warm, img)  # nothing in memory: the prompt's blocks come from disk
+    assert again == first
+    prompt_len = PREFIX + 16 + 9
+    hit = warm.kv_cache_stats()["disk_hit_tokens"]
+    assert hit == (prompt_len - 1) // BS * BS
+    other, _ = run(warm, changed)  # memory has the text blocks; disk has nothing past them
+    assert warm.kv_cache_stats()["disk_hit_tokens"] == hit
+    warm.engine.shutdown()
+    plain = LLM(llava_dir, num_kv_blocks=256, block_size=BS, enable_prefix_caching=False)
+    assert run(plain, changed)[0] == other
