@@ -139,3 +139,27 @@ def test_encoder_budget_spreads_image_work_and_decodes_keep_running(llava_dir):
     assert max(encoded) <= 16 and sum(encoded) == 48
     assert all(d >= 1 for e, d in steps[1:] if e)  # the decode ran in every encoding step
     assert done["heavy"].outputs[0].token_ids == hf_greedy(llava_dir, heavy, imgs, MAX_TOKENS)
+
+
+def test_beam_search_with_an_image_matches_a_transformers_reference(llava_dir):
+    from pagedllm.sampling_params import BeamSearchParams
+
+    p, ims = cases()[1]
+    width, steps = 2, 4
+    beams = [([], 0.0)]
+    for _ in range(steps):  # vLLM's algorithm, every beam recomputed by transformers
+        cands = []
+        for cont, score in beams:
+            lp = hf_logprobs(llava_dir, p, ims, cont + [0])[-1]
+            vals, ids = lp.topk(2 * width)
+            cands += [(cont + [int(t)], score + float(v)) for v, t in zip(vals, ids)]
+        beams = sorted(cands, key=lambda c: -c[1])[:width]
+    n_prompt = len(p) - 1 + 16
+    beams.sort(key=lambda b: -b[1] / (n_prompt + len(b[0])))
+    llm = LLM(llava_dir, num_kv_blocks=64, block_size=4)
+    (out,) = llm.beam_search(as_prompts([(p, ims)]),
+                             BeamSearchParams(beam_width=width, max_tokens=steps, ignore_eos=True))
+    assert [s.tokens[n_prompt:] for s in out.sequences] == [b[0] for b in beams]
+    for s, b in zip(out.sequences, beams):
+        assert s.cum_logprob == pytest.approx(b[1], abs=1e-3)
+    assert_pool_clean(llm)
