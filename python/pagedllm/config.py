@@ -35,6 +35,11 @@ extend::
       tensor_parallel_size: 1     # ranks the model is split over (Megatron-style)
       distributed_executor_backend: null  # mp (spawned local ranks; default when > 1) | ray
       timeout_s: 300              # a rank that dies or stops answering for this long: the engine stops
+    multimodal:                   # LLaVA checkpoints only
+      max_images_per_prompt: 4
+      max_image_bytes: 20971520   # encoded
+      max_image_pixels: 16777216  # decoded width x height
+      max_num_encoder_tokens: null  # image embeddings per step; null: max(batched tokens, 1 image)
 
 Unknown keys are an error that names them.
 """
@@ -80,6 +85,9 @@ _YAML_SECTIONS: Dict[str, Dict[str, str]] = {
     "parallel": {"tensor_parallel_size": "tensor_parallel_size",
                  "distributed_executor_backend": "distributed_executor_backend",
                  "timeout_s": "distributed_timeout_s"},
+    "multimodal": {"max_images_per_prompt": "max_images_per_prompt",
+                   "max_image_bytes": "max_image_bytes", "max_image_pixels": "max_image_pixels",
+                   "max_num_encoder_tokens": "max_num_encoder_tokens"},
 }
 
 

@@ -105,3 +105,21 @@ def test_data_urls_and_remote_urls():
             image_from_url(url, limits)
     with pytest.raises(ImageInputError, match="does not fetch remote media"):
         image_from_url("https://cdn.example.com/cat.png", limits, ["example.com"])
+
+
+def test_image_limits_come_from_flags_and_yaml(tmp_path):
+    import argparse
+
+    from pagedllm.commands.common import add_engine_args, engine_config
+    from pagedllm.config import EngineConfig
+
+    cfg = EngineConfig.from_dict({"multimodal": {"max_images_per_prompt": 2,
+                                                 "max_num_encoder_tokens": 64}})
+    assert (cfg.max_images_per_prompt, cfg.max_num_encoder_tokens) == (2, 64)
+    with pytest.raises(ValueError, match="max_image_pixels must be a positive integer"):
+        EngineConfig(max_image_pixels=0)
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["--max-images-per-prompt", "3", "--max-image-bytes", "1MiB"])
+    cfg = engine_config(args)
+    assert (cfg.max_images_per_prompt, cfg.max_image_bytes) == (3, 1 << 20)

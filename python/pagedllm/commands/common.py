@@ -92,6 +92,8 @@ _ENGINE_FLAGS: Dict[str, str] = {
     "tensor_parallel_size": "tensor_parallel_size",
     "distributed_executor_backend": "distributed_executor_backend",
     "distributed_timeout": "distributed_timeout_s",
+    "max_images_per_prompt": "max_images_per_prompt", "max_image_bytes": "max_image_bytes",
+    "max_image_pixels": "max_image_pixels", "max_num_encoder_tokens": "max_num_encoder_tokens",
 }
 # flag dest -> persistence key
 _PERSISTENCE_FLAGS: Dict[str, str] = {
@@ -158,6 +160,16 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--distributed-timeout", type=float, metavar="SECONDS",
                    help="a rank that dies or does not answer a step within this stops the "
                         "engine with an error naming it (300)")
+    m = parser.add_argument_group("images, LLaVA models (YAML section multimodal:)")
+    m.add_argument("--max-images-per-prompt", type=positive_int, metavar="N",
+                   help="most images in one prompt (4)")
+    m.add_argument("--max-image-bytes", type=parse_size, metavar="SIZE",
+                   help="most encoded bytes of one image (20MiB)")
+    m.add_argument("--max-image-pixels", type=positive_int, metavar="N",
+                   help="most width x height of one decoded image (16777216)")
+    m.add_argument("--max-num-encoder-tokens", type=positive_int, metavar="N",
+                   help="most image embeddings encoded per step (max(max-num-batched-tokens, "
+                        "one image))")
     p = parser.add_argument_group("persistent KV tier (YAML section persistence:)")
     p.add_argument("--persistence-path", metavar="DIR",
                    help="keep full prompt blocks in a store under DIR that survives restarts "
