@@ -341,7 +341,7 @@ class Scheduler:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if seq.request.images:  # stop before an image the step cannot encode
-                n = self.encoder.clip(seq.request.images, seq.num_computed_tokens, n)
+                n = self.encoder.fit(seq.request.images, seq.num_computed_tokens, n)
             if n == 0:
                 i += 1
                 continue
@@ -360,6 +360,8 @@ class Scheduler:
             if res is None:
                 break  # the current sequence was itself the latest arrival, or failed
             step.add(seq, start, n, res[0], res[1])
+            if seq.request.images:
+                self.encoder.reserve(seq.request.images, start, n)
             budget -= n
             i += 1
         return budget
@@ -415,6 +417,10 @@ class Scheduler:
             req = seq.request
             computed = seq.num_computed_tokens
             n_new = min(seq.num_tokens - computed, budget)
+            if req.images:  # stop before an image the step cannot encode
+                n_new = self.encoder.fit(req.images, computed, n_new)
+                if n_new == 0:
+                    break
             tokens = seq.kv_tokens()
             hashes = self._hashes(req)
             cached, fit = self.kv.query_admission(tokens, hashes, req.extra_key, computed,
@@ -436,6 +442,8 @@ class Scheduler:
             self._run(seq)
             self.num_swap_ins += 1
             step.add(seq, computed, n_new, slots[computed - cached:], cow)
+            if req.images:
+                self.encoder.reserve(req.images, computed, n_new)
             budget -= n_new
         return budget
 
@@ -489,7 +497,7 @@ class Scheduler:
             nd = len(keys) * bs
             n = min(seq.num_tokens - cached - nd, budget)
             if req.images:  # stop before an image the step cannot encode
-                n = self.encoder.clip(req.images, cached + nd, n)
+                n = self.encoder.fit(req.images, cached + nd, n)
                 if n == 0:
                     skip.add(seq.seq_id)
                     i = 0
@@ -512,6 +520,8 @@ class Scheduler:
                 self._store_hot(seq, cached, step)
             seq.num_computed_tokens = cached + nd
             step.add(seq, cached + nd, n, res[1][nd:], res[2])
+            if req.images:
+                self.encoder.reserve(req.images, cached + nd, n)
             budget -= n
             self._run(seq)
             i = 0  # the next pick starts over (idle sequences stay skipped)

@@ -90,24 +90,35 @@ class EncoderScheduler:
         self._reserved = set()
         self._left = self.max_num_encoder_tokens
 
-    def clip(self, images: Sequence, start: int, n: int) -> int:
-        """How many of the `n` prompt positions from `start` can be computed this step.
+    def fit(self, images: Sequence, start: int, n: int) -> int:
+        """The ask: how many of the `n` prompt positions from `start` can be computed this step.
 
         Every image overlapping them needs its encoder output: cached, planned this step, or
-        encoded within the step's remaining budget (reserved here). The chunk stops before
-        the first image that does not fit (0: nothing can run this step).
+        encodable within the step's remaining budget. The chunk stops before the first image
+        that does not fit (0: nothing can run this step). No side effects.
         """
+        left = self._left
         for im in images:
             if im.end <= start or im.offset >= start + n:
                 continue
             h = im.content_hash
             if h in self._cached or h in self._reserved:
                 continue
-            if im.length > self._left:
+            if im.length > left:
                 return max(0, im.offset - start)
+            left -= im.length
+        return n
+
+    def reserve(self, images: Sequence, start: int, n: int) -> None:
+        """The do: spends the budget for the images positions [start, start + n) need (after
+        fit() allowed them and the chunk was scheduled)."""
+        for im in images:
+            h = im.content_hash
+            if (im.end <= start or im.offset >= start + n or h in self._cached
+                    or h in self._reserved):
+                continue
             self._reserved.add(h)
             self._left -= im.length
-        return n
 
     def step_inputs(self, spans: Sequence[Tuple[Sequence, int, int, int]]) -> Optional[StepMultiModal]:
         """The worker's image work for the scheduled spans, marking new encodes as cached.
