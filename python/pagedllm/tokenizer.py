@@ -69,6 +69,9 @@ class Tokenizer:
         tok_cfg = _optional_json(os.path.join(path, "tokenizer_config.json"))
         gen_cfg = _optional_json(os.path.join(path, "generation_config.json"))
         model_cfg = _optional_json(os.path.join(path, "config.json"))
+        if isinstance(model_cfg.get("text_config"), dict):  # LLaVA: the decoder's vocabulary
+            model_cfg = {**model_cfg["text_config"],
+                         **{k: v for k, v in model_cfg.items() if k != "text_config"}}
 
         eos: list[int] = []
         eos_tok = _token_id(tk, tok_cfg.get("eos_token"))

@@ -104,3 +104,16 @@ def test_too_large_and_too_many_images_are_400s(server):
     small = data_url(random_image(4, (8, 8)))
     r = chat(srv, [image_part(small)] * 5)
     assert r.status_code == 400 and "max_images_per_prompt = 4" in r.text, r.text
+
+
+def test_a_tokenizer_larger_than_the_decoder_vocabulary_is_refused(tmp_path):
+    from tokenizers import Tokenizer, models
+
+    from pagedllm.model import CheckpointError
+    from pagedllm.tokenizer import Tokenizer as PagedTokenizer
+
+    path = write_tiny_llava(str(tmp_path))
+    vocab = {f"w{i}": i for i in range(VOCAB + 10)}  # ids past text_config.vocab_size
+    Tokenizer(models.WordLevel(vocab, unk_token="w0")).save(os.path.join(path, "tokenizer.json"))
+    with pytest.raises(CheckpointError, match="vocab"):
+        PagedTokenizer.from_dir(path)

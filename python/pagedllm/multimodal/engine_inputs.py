@@ -1,9 +1,9 @@
 """The engine's entry for images: `multi_modal_data` of a prompt -> Request fields.
 
-One object per engine (None for a text-only checkpoint only in the sense that `processor` is
-None: images sent to such a model are refused with a clear error). It owns the
-ImagePromptProcessor (placeholders, preprocessing, limits) and the scheduler's
-EncoderScheduler (encoder cache bookkeeping and budget).
+One object per engine. For a LLaVA checkpoint it owns the ImagePromptProcessor
+(placeholders, preprocessing, limits) and the scheduler's EncoderScheduler (encoder cache
+bookkeeping and budget); for a text-only checkpoint both are None and a prompt with images is
+refused with a clear error.
 """
 
 from __future__ import annotations
