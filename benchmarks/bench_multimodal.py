@@ -5,8 +5,10 @@ and KV memory per image (patch tokens in ordinary blocks).
 
 Builds a random LLaVA checkpoint with transformers (CLIP ViT-B/32-sized tower at 224 px: 49
 patches; a 4-layer, 256-wide Llama), sends `requests` prompts that share one image and
-differ in their text after it, first with enable_prefix_caching=False, then True (the image's
-blocks and the text before it are computed once). Prints one JSON line per mode.
+differ in their text after it, in three modes: no prefix caching and no encoder cache reuse
+(encoder_cache_images=0), prefix caching alone, prefix caching plus encoder cache reuse.
+TTFT is measured one request at a time, throughput over the 16 at once. Prints one JSON line
+per mode.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ def main() -> None:
     prompts = [{"prompt_token_ids": text_prompt(20, 0) + [1000] + text_prompt(8, 1 + i),
                 "multi_modal_data": {"image": image}} for i in range(args.requests)]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    for caching in (False, True):
+    for caching, keep in ((False, 0), (True, 0), (True, 8)):
         llm = LLM(path, num_kv_blocks=1024, block_size=16, enable_prefix_caching=caching,
+                  encoder_cache_images=keep,
                   num_threads=int(os.environ.get("OMP_NUM_THREADS", "2")))
         llm.generate(prompts[:1], params, use_tqdm=False)  # warm-up (and fills the cache)
         eng = llm.engine
@@ -67,7 +70,7 @@ def main() -> None:
         per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
         n_img = eng.images.processor.num_image_tokens
         print(json.dumps({
-            "prefix_caching": caching, "requests": args.requests,
+            "prefix_caching": caching, "encoder_cache_images": keep, "requests": args.requests,
             "ttft_median_ms": round(1000 * sorted(ttft)[len(ttft) // 2], 2),
             "requests_per_s": round(args.requests / dt, 2),
             "images_encoded": eng.images.encoder.num_encoded_images,

@@ -40,6 +40,7 @@ extend::
       max_image_bytes: 20971520   # encoded
       max_image_pixels: 16777216  # decoded width x height
       max_num_encoder_tokens: null  # image embeddings per step; null: max(batched tokens, 1 image)
+      encoder_cache_images: 8     # unused encoder outputs kept for repeated images
 
 Unknown keys are an error that names them.
 """
@@ -87,7 +88,8 @@ _YAML_SECTIONS: Dict[str, Dict[str, str]] = {
                  "timeout_s": "distributed_timeout_s"},
     "multimodal": {"max_images_per_prompt": "max_images_per_prompt",
                    "max_image_bytes": "max_image_bytes", "max_image_pixels": "max_image_pixels",
-                   "max_num_encoder_tokens": "max_num_encoder_tokens"},
+                   "max_num_encoder_tokens": "max_num_encoder_tokens",
+                   "encoder_cache_images": "encoder_cache_images"},
 }
 
 
@@ -149,6 +151,8 @@ class EngineConfig:
         max_image_pixels: most width * height of one decoded image.
         max_num_encoder_tokens: most image embeddings encoded per step (vLLM's encoder
             budget); None = max(max_num_batched_tokens, one image's embeddings).
+        encoder_cache_images: encoder outputs no running request needs that are kept (least
+            recently used first out) so a repeated image is not encoded again.
     """
 
     model: Optional[str] = None
@@ -181,6 +185,7 @@ class EngineConfig:
     max_image_bytes: int = 20 << 20
     max_image_pixels: int = 4096 * 4096
     max_num_encoder_tokens: Optional[int] = None
+    encoder_cache_images: int = 8
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> ValueError:
@@ -250,6 +255,9 @@ class EngineConfig:
         if (isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float))
                 or not 0.0 <= self.swap_space <= 1024.0 or self.swap_space != self.swap_space):
             raise bad("swap_space", "a number of GiB in [0, 1024]")
+        if (isinstance(self.encoder_cache_images, bool)
+                or not isinstance(self.encoder_cache_images, int) or self.encoder_cache_images < 0):
+            raise bad("encoder_cache_images", "an integer >= 0")
         for name in ("max_images_per_prompt", "max_image_bytes", "max_image_pixels",
                      "max_num_encoder_tokens"):
             value = getattr(self, name)

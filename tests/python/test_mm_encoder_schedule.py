@@ -60,3 +60,25 @@ def test_shared_images_are_encoded_once_and_freed_after_the_last_request():
 def test_budget_must_be_positive():
     with pytest.raises(ValueError, match="max_num_encoder_tokens = 0"):
         EncoderScheduler(0)
+
+
+def test_unused_outputs_are_kept_least_recently_released_first_out():
+    enc = EncoderScheduler(64, keep_unused_images=1)
+    x, y = (img(b"x", 0),), (img(b"y", 0),)
+    for r in (x, y):
+        enc.add_request(r)
+    enc.begin_step()
+    enc.step_inputs([(x, 0, 16, 0), (y, 0, 16, 16)])
+    enc.release_request(x)          # x unused, kept (1 allowed)
+    assert enc.num_cached == 2
+    enc.release_request(y)          # y unused too: x, the older, goes
+    enc.begin_step()
+    assert enc.step_inputs([]).free == [b"x" * 16]
+    enc.add_request(y)              # y again: still cached, no encode, not evictable
+    enc.begin_step()
+    assert enc.fit(y, 0, 16) == 16
+    out = enc.step_inputs([(y, 0, 16, 0)])
+    assert not out.encode and out.rows == [(b"y" * 16, 0, 16, 0)]
+    enc.add_request(x)              # x was freed: it is encoded again
+    enc.begin_step()
+    assert [h for h, _ in enc.step_inputs([(x, 0, 16, 0)]).encode] == [b"x" * 16]

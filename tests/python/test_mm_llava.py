@@ -76,7 +76,9 @@ def test_greedy_matches_transformers_batched_with_text(llava_dir):
     assert len(outs[1].prompt_token_ids) == len(cs[1][0]) - 1 + 16
     # each distinct image was encoded once (a appears twice in the batch)
     assert llm.engine.images.encoder.num_encoded_images == 3
-    assert llm.engine.images.encoder.num_cached == 0  # freed with their requests
+    assert llm.engine.images.encoder.num_cached == 3  # unused now, kept for reuse (<= 8)
+    llm.generate(as_prompts(cs[1:2]), greedy(), use_tqdm=False)
+    assert llm.engine.images.encoder.num_encoded_images == 3  # a repeated image: no encode
     assert_pool_clean(llm)
 
 

@@ -94,6 +94,7 @@ _ENGINE_FLAGS: Dict[str, str] = {
     "distributed_timeout": "distributed_timeout_s",
     "max_images_per_prompt": "max_images_per_prompt", "max_image_bytes": "max_image_bytes",
     "max_image_pixels": "max_image_pixels", "max_num_encoder_tokens": "max_num_encoder_tokens",
+    "encoder_cache_images": "encoder_cache_images",
 }
 # flag dest -> persistence key
 _PERSISTENCE_FLAGS: Dict[str, str] = {
@@ -170,6 +171,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--max-num-encoder-tokens", type=positive_int, metavar="N",
                    help="most image embeddings encoded per step (max(max-num-batched-tokens, "
                         "one image))")
+    m.add_argument("--encoder-cache-images", type=int, metavar="N",
+                   help="unused image encoder outputs kept for repeated images (8)")
     p = parser.add_argument_group("persistent KV tier (YAML section persistence:)")
     p.add_argument("--persistence-path", metavar="DIR",
                    help="keep full prompt blocks in a store under DIR that survives restarts "

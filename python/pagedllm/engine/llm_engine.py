@@ -106,7 +106,8 @@ class LLMEngine:
         self.images = EngineImages(
             self.model_path, MultiModalLimits(config.max_images_per_prompt,
                                               config.max_image_bytes, config.max_image_pixels),
-            config.max_num_encoder_tokens, config.max_num_batched_tokens, self.block_size)
+            config.max_num_encoder_tokens, config.max_num_batched_tokens, self.block_size,
+            config.encoder_cache_images)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, self.eos_token_ids,
                                    self.max_model_len, self.tokenizer, config.preemption_mode,

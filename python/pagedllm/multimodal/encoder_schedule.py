@@ -3,7 +3,10 @@ encoder budget, and which rows of a step take which image embeddings.
 
 The worker keeps each image's encoder output by content hash (encoder_cache.py) while some live
 request has that image, so the encoder runs once per image per request (and once for all
-concurrent requests that share it), also across preemptions. Each step may encode at most
+concurrent requests that share it), also across preemptions; after the last such request the
+output stays, least recently released first out, while at most `keep_unused_images` unused
+outputs are kept, so a repeated image skips the encoder too (a prefix-cache hit still
+recomputes the prompt's last block, which often holds the image's tail). Each step may encode at most
 `max_num_encoder_tokens` image tokens (vLLM's encoder budget): a prompt chunk that would reach
 an image whose encoding does not fit stops just before the image, and continues in a later
 step. So an image-heavy request spreads its encoder work over steps and the decodes batched
@@ -15,6 +18,7 @@ This object is one of the scheduler's helpers; it reads Requests and writes only
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
@@ -47,12 +51,17 @@ class EncoderScheduler:
     Args:
         max_num_encoder_tokens: most image tokens (embeddings) encoded in one step; must be at
             least the embeddings of one image (the engine checks it).
+        keep_unused_images: encoder outputs no live request needs that are kept for reuse.
     """
 
-    def __init__(self, max_num_encoder_tokens: int):
+    def __init__(self, max_num_encoder_tokens: int, keep_unused_images: int = 0):
         if max_num_encoder_tokens < 1:
             raise ValueError(f"max_num_encoder_tokens = {max_num_encoder_tokens}: expected >= 1")
+        if keep_unused_images < 0:
+            raise ValueError(f"encoder_cache_images = {keep_unused_images}: expected >= 0")
         self.max_num_encoder_tokens = max_num_encoder_tokens
+        self.keep_unused_images = keep_unused_images
+        self._unused: "OrderedDict[bytes, None]" = OrderedDict()  # cached, no live request
         self._refs: Dict[bytes, int] = {}   # hash -> live requests that have the image
         self._cached: Set[bytes] = set()    # hashes the worker holds (after the last step)
         self._reserved: Set[bytes] = set()  # encodes planned in the step being scheduled
@@ -66,9 +75,11 @@ class EncoderScheduler:
         """A request with these ImageInputs joined the engine."""
         for h in {im.content_hash for im in images}:
             self._refs[h] = self._refs.get(h, 0) + 1
+            self._unused.pop(h, None)  # needed again: no longer evictable
 
     def release_request(self, images: Sequence) -> None:
-        """A request with these ImageInputs finished; unused outputs are freed next step."""
+        """A request with these ImageInputs finished; outputs no request needs join the unused
+        LRU, and those past keep_unused_images are freed next step."""
         for h in {im.content_hash for im in images}:
             n = self._refs.get(h, 0) - 1
             if n > 0:
@@ -76,8 +87,11 @@ class EncoderScheduler:
                 continue
             self._refs.pop(h, None)
             if h in self._cached:
-                self._cached.discard(h)
-                self._free.append(h)
+                self._unused[h] = None
+        while len(self._unused) > self.keep_unused_images:
+            h, _ = self._unused.popitem(last=False)
+            self._cached.discard(h)
+            self._free.append(h)
 
     @property
     def num_cached(self) -> int:

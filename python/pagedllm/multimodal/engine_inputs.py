@@ -49,6 +49,7 @@ class EngineImages:
             one image's embeddings)).
         max_num_batched_tokens: the scheduler's token budget.
         block_size: the KV block size (image blocks' cache ids are salted per block).
+        encoder_cache_images: unused encoder outputs kept for reuse.
     Raises:
         ValueError: an encoder budget below one image's embeddings, or a bad preprocessor
             config.
@@ -56,7 +57,7 @@ class EngineImages:
 
     def __init__(self, model_path: str, limits: MultiModalLimits,
                  max_num_encoder_tokens: Optional[int], max_num_batched_tokens: int,
-                 block_size: int):
+                 block_size: int, encoder_cache_images: int = 0):
         self.model_path = model_path
         self.block_size = block_size
         self.processor = ImagePromptProcessor.from_dir(model_path, limits)
@@ -68,7 +69,7 @@ class EngineImages:
         if budget < per_image:
             raise ValueError(f"max_num_encoder_tokens = {budget} is below one image's "
                              f"{per_image} embeddings: no image could ever be encoded")
-        self.encoder = EncoderScheduler(budget)
+        self.encoder = EncoderScheduler(budget, encoder_cache_images)
 
     def prepare(self, token_ids: List[int], images: List[object]) -> Tuple[List[int], dict]:
         """Expanded prompt ids and the Request keyword arguments for its images.
