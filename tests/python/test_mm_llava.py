@@ -45,6 +45,8 @@ def test_vision_tower_and_preprocessing_match_transformers(tmp_path, strategy, l
     from transformers import CLIPImageProcessorPil, LlavaForConditionalGeneration
 
     from pagedllm.model import load_model
+    from pagedllm.multimodal.image_io import load_image
+    from pagedllm.multimodal.limits import MultiModalLimits
     from pagedllm.multimodal.processor import ImageProcessorConfig, preprocess
 
     path = write_tiny_llava(str(tmp_path), seed=3, strategy=strategy, feature_layer=layer)
@@ -52,8 +54,12 @@ def test_vision_tower_and_preprocessing_match_transformers(tmp_path, strategy, l
     hf = LlavaForConditionalGeneration.from_pretrained(path).eval()
     proc, cfg = CLIPImageProcessorPil.from_pretrained(path), ImageProcessorConfig.from_dir(path)
     images = [random_image(i, size) for i, size in enumerate([(40, 33), (28, 28), (9, 70)])]
+    rgba = random_image(7, (30, 30)).convert("RGBA")
+    rgba.putalpha(random_image(8, (30, 30)).convert("L"))  # transparency: composited on white
+    images += [rgba, random_image(9, (31, 29)).convert("L"), random_image(10).convert("P")]
+    raw, images = images, [load_image(im, MultiModalLimits()) for im in images]
     pixels = np.stack([preprocess(im, cfg) for im in images])
-    ref_pixels = proc(images, return_tensors="np")["pixel_values"]
+    ref_pixels = proc(raw, return_tensors="np")["pixel_values"]  # its own RGB conversion
     assert np.array_equal(pixels, ref_pixels)
     with torch.inference_mode():
         ref = hf.model.get_image_features(torch.from_numpy(ref_pixels), vision_feature_layer=layer,

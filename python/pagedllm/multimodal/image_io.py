@@ -45,7 +45,11 @@ def load_image(image: object, limits: MultiModalLimits) -> Image.Image:
     """
     if isinstance(image, Image.Image):
         _check_pixels(image, limits)
-        return image if image.mode == "RGB" else image.convert("RGB")
+        try:
+            image.load()  # a lazily opened file may still be truncated
+        except (OSError, SyntaxError, ValueError) as e:
+            raise ImageInputError(f"corrupt or truncated image data ({e})") from None
+        return to_rgb(image)
     if isinstance(image, (bytes, bytearray, memoryview)):
         return decode_image(bytes(image), limits)
     raise ImageInputError(f"an image must be a PIL.Image.Image or the bytes of a PNG/JPEG file, "
@@ -82,7 +86,19 @@ def decode_image(data: bytes, limits: MultiModalLimits,
                               f"Pillow can identify") from None
     except (OSError, SyntaxError, ValueError) as e:
         raise ImageInputError(f"corrupt or truncated {fmt} image data ({e})") from None
-    return img if img.mode == "RGB" else img.convert("RGB")
+    return to_rgb(img)
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """The image in mode RGB, transparency composited onto white (transformers'
+    convert_to_rgb, so pixel values match its processors)."""
+    if image.mode == "RGB":
+        return image
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")
 
 
 def _check_pixels(img: Image.Image, limits: MultiModalLimits) -> None:

@@ -1,6 +1,6 @@
 """The checkpoint's image preprocessing (preprocessor_config.json, CLIPImageProcessor), in Pillow.
 
-convert to RGB -> resize (the shortest edge to `size.shortest_edge`, the long edge
+convert to RGB (transparency onto white) -> resize (the shortest edge to `size.shortest_edge`, the long edge
 int(shortest_edge * long / short), or to `size.height` x `size.width`) with the configured
 resample filter -> center crop to `crop_size` (top/left = (size - crop) // 2; zero padding when
 the image is smaller) -> rescale (x * rescale_factor) -> normalise ((x - mean) / std) ->
@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image
 
 from pagedllm.model.files import read_json
+from pagedllm.multimodal.image_io import to_rgb
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 _OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -127,7 +128,7 @@ def preprocess(image: Image.Image, cfg: ImageProcessorConfig) -> np.ndarray:
     Returns:
         float32 [3, height, width].
     """
-    img = image if image.mode == "RGB" else image.convert("RGB")
+    img = to_rgb(image)
     if cfg.do_resize:
         w, h = img.size
         if cfg.shortest_edge is not None:
