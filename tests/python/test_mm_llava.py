@@ -100,6 +100,8 @@ def test_image_split_across_prefill_chunks_and_preemption(llava_dir):
         for (p, ims), out in zip(cs, outs):
             assert out.outputs[0].token_ids == hf_greedy(llava_dir, p, ims, 10), (mode, p)
         assert llm.engine.scheduler.num_preemptions > 0
+        if mode == "swap":
+            assert llm.engine.scheduler.num_swap_outs > 0
         # the encoder ran once per image per request, across chunks and preemptions
         assert llm.engine.images.encoder.num_encoded_images <= 4
         assert_pool_clean(llm)
