@@ -117,3 +117,15 @@ def test_a_tokenizer_larger_than_the_decoder_vocabulary_is_refused(tmp_path):
     Tokenizer(models.WordLevel(vocab, unk_token="w0")).save(os.path.join(path, "tokenizer.json"))
     with pytest.raises(CheckpointError, match="vocab"):
         PagedTokenizer.from_dir(path)
+
+
+def test_allowed_media_domains_flag():
+    import argparse
+
+    from pagedllm.server.cli_args import add_policy_arguments, policy_settings
+
+    parser = argparse.ArgumentParser()
+    add_policy_arguments(parser)
+    args = parser.parse_args(["--allowed-media-domains", "example.com, cdn.test"])
+    assert policy_settings(args)["allowed_media_domains"] == ("example.com", "cdn.test")
+    assert policy_settings(parser.parse_args([]))["allowed_media_domains"] == ()
