@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine_fixtures import assert_pool_clean
-from mm_fixtures import IMAGE_TOKEN, llava_dir, random_image, text_prompt  # noqa: F401
+from mm_fixtures import IMAGE_TOKEN, hf_greedy, llava_dir, random_image, text_prompt  # noqa: F401
 from pagedllm import LLM, SamplingParams
 
 BS = 4
@@ -118,3 +118,23 @@ def test_persistent_tier_hits_the_same_image_after_a_restart_and_not_another(lla
     warm.engine.shutdown()
     plain = LLM(llava_dir, num_kv_blocks=256, block_size=BS, enable_prefix_caching=False)
     assert run(plain, changed)[0] == other
+
+
+def test_a_prompt_chunk_of_one_image_position_is_keyed_like_the_rest(llava_dir):
+    # Prompt 12 + 16 image positions = 28 tokens (7 full blocks), the image at the end; 9-token
+    # steps leave exactly one prompt position (an image one) for the fourth step. The block it
+    # fills must be registered under the image's cache ids: a longer prompt with the same
+    # image and text then hits all 7 blocks.
+    llm = LLM(llava_dir, num_kv_blocks=64, block_size=BS, max_num_seqs=4,
+              max_num_batched_tokens=9)
+    p = text_prompt(12, 3) + [IMAGE_TOKEN]
+    img = random_image(4)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p, "multi_modal_data": {"image": img}}], params,
+                 use_tqdm=False)
+    before = llm.kv_cache_stats()["prefix_cache_hits"]
+    longer = p + text_prompt(5, 4)
+    (out,) = llm.generate([{"prompt_token_ids": longer, "multi_modal_data": {"image": img}}],
+                          params, use_tqdm=False)
+    assert llm.kv_cache_stats()["prefix_cache_hits"] - before == 28
+    assert out.outputs[0].token_ids == hf_greedy(llava_dir, longer, [img], 3)

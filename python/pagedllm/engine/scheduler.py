@@ -322,8 +322,11 @@ class Scheduler:
         todo = [s for s in self.running if s.num_tokens > s.num_computed_tokens]
         if not todo:
             return budget
-        # Fast path: every running sequence decodes one token and the pool has room.
-        if all(s.num_tokens - s.num_computed_tokens == 1 for s in todo) and len(todo) <= budget:
+        # Fast path: every running sequence decodes one token and the pool has room (a last
+        # prompt token of an image prompt takes the slow path: cache ids, encoder budget).
+        if all(s.num_tokens - s.num_computed_tokens == 1 and not (
+                s.request.images and s.num_computed_tokens < s.num_prompt_tokens)
+               for s in todo) and len(todo) <= budget:
             ids = np.fromiter((s.seq_id for s in todo), dtype=np.int64, count=len(todo))
             toks = np.fromiter((s.token_ids[-1] for s in todo), dtype=np.int32, count=len(todo))
             res = self.kv.append_batch(ids, np.ones(len(todo), dtype=np.int32), toks)
