@@ -83,3 +83,12 @@ def test_preprocessing_that_does_not_fit_the_tower_is_refused(llava_dir, tmp_pat
         json.dump(pp, f)
     with pytest.raises(ValueError, match="gives 32x32 images, the vision tower takes 28x28"):
         LLM(path, num_kv_blocks=16)
+
+
+def test_tensor_parallel_refuses_a_llava_checkpoint_clearly(llava_dir):
+    from pagedllm.config import EngineConfig
+    from pagedllm.engine.tp_checks import check_parallel_config
+
+    with pytest.raises(ValueError, match="is a LLaVA checkpoint: multimodal models are not "
+                                         "supported with tensor_parallel_size=2"):
+        check_parallel_config(EngineConfig(model=llava_dir, tensor_parallel_size=2), llava_dir)
