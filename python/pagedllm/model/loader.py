@@ -69,6 +69,11 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     """
     if dtype not in SUPPORTED_MODEL_DTYPES:
         raise ValueError(f"dtype {dtype}: expected one of {SUPPORTED_MODEL_DTYPES}")
+    from pagedllm.model.llava_loader import maybe_load_llava  # LLaVA: its own layout
+
+    llava = maybe_load_llava(os.fspath(path), dtype, prepack)
+    if llava is not None:
+        return llava
     config, slots, by_file = inspect_checkpoint(path)
     model = LlamaForCausalLM(config, dtype)
     params = dict(model.named_parameters())
@@ -93,11 +98,6 @@ def inspect_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, 
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a directory (expected a Hugging Face checkpoint "
                               f"directory)")
-    from pagedllm.model.llava_loader import maybe_load_llava  # LLaVA: its own layout
-
-    llava = maybe_load_llava(path, dtype, prepack)
-    if llava is not None:
-        return llava
     config = ModelConfig.from_dir(path)
     files, index_map = _weight_files(path)
     found = _scan(files)
