@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -43,13 +43,14 @@ class StepInputs:
     logits_indices: np.ndarray   # int64 [num_sampled]
     prompt_logit_spans: List[Tuple[int, int, int]]
     transfer: KVTransferPlan
+    multimodal: Optional[Any] = None  # StepMultiModal; None (TP refuses multimodal models)
 
     @classmethod
     def of(cls, out) -> "StepInputs":
         """The worker's part of a SchedulerOutput."""
         return cls(out.num_decode_seqs, out.input_ids, out.positions, out.slot_mapping,
                    out.block_tables, out.context_lens, out.cu_seqlens_q, out.logits_indices,
-                   list(out.prompt_logit_spans), out.transfer)
+                   list(out.prompt_logit_spans), out.transfer, out.multimodal)
 
 
 class TorchDistComm:
