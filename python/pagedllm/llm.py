@@ -54,7 +54,10 @@ class LLM:
         enable_prefix_caching: reuse cached prefix blocks across requests.
         seed: seed of the engine's sampler.
         **kwargs: further EngineConfig fields (num_threads, watermark, k_scale, v_scale,
-            tensor_parallel_size, distributed_executor_backend, ...).
+            tensor_parallel_size, distributed_executor_backend, ...), and the profiling
+            options profile_trace (a Chrome/Perfetto trace JSON of every step until
+            stop_trace() or close()), profile_layers, profile_torch_steps and
+            profile_cuda_steps ("START:END"; see LLMEngine.start_trace).
     """
 
     def __init__(self, model: Optional[str] = None, block_size: Union[int, str] = 16,
@@ -62,6 +65,8 @@ class LLM:
                  num_kv_blocks: Optional[int] = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: Optional[int] = None, max_model_len: Optional[int] = None,
                  enable_prefix_caching: bool = True, seed: int = 0, **kwargs):
+        profiling = {key: kwargs.pop("profile_" + key, None)
+                     for key in ("trace", "layers", "torch_steps", "cuda_steps")}
         config = kwargs.pop("config", None) or EngineConfig(
             model=model, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
             kv_cache_memory_bytes=kv_cache_memory_bytes, num_kv_blocks=num_kv_blocks,
@@ -71,6 +76,14 @@ class LLM:
         self.engine = LLMEngine(config)
         self.engine.stream_outputs = False  # generate() only needs finished requests
         self._request_counter = itertools.count()
+        if any(v is not None for v in profiling.values()):
+            try:
+                self.start_trace(profiling["trace"], layers=bool(profiling["layers"]),
+                                 torch_steps=profiling["torch_steps"],
+                                 cuda_steps=profiling["cuda_steps"])
+            except BaseException:
+                self.engine.shutdown()
+                raise
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "LLM":
@@ -168,14 +181,20 @@ class LLM:
         preemptions_per_step, block_size_reason, num_numeric_errors, and more."""
         return self.engine.kv_cache_stats()
 
-    def start_trace(self, path: str) -> None:
-        """Records the following steps (generate calls on this thread) in a Chrome trace JSON
-        at `path` (see LLMEngine.start_trace); stop_trace() writes it."""
-        self.engine.start_trace(path)
+    def start_trace(self, path: Optional[str] = None, **options) -> None:
+        """Records the following steps (generate calls on this thread) in a Chrome/Perfetto
+        trace JSON at `path` until stop_trace(); options: layers, torch_steps, cuda_steps (see
+        LLMEngine.start_trace)."""
+        self.engine.start_trace(path, **options)
 
-    def stop_trace(self) -> Optional[str]:
-        """Writes the trace started by start_trace(); its path (None: none was recorded)."""
+    def stop_trace(self) -> List[str]:
+        """Ends the trace (started by start_trace() or profile_trace=) and returns the files
+        written (none: no trace was being recorded)."""
         return self.engine.stop_trace()
+
+    def close(self) -> None:
+        """Writes a running trace and releases the engine's workers and persistent tier."""
+        self.engine.shutdown()
 
     def _add_all(self, prompts: list, add) -> List[str]:
         for i, p in enumerate(prompts):  # before any is added: nothing runs on a bad one

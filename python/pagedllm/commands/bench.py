@@ -26,7 +26,8 @@ from pagedllm.commands.bench_workload import (BenchRequest, assign_arrivals, fro
                                               percentiles, synthetic)
 from pagedllm.engine.llm_engine import without_request_id
 from pagedllm.commands.common import (UsageError, add_engine_args, add_trace_arg, build_engine,
-                                      engine_config, positive_int, start_trace)
+                                      engine_config, positive_int, report_trace,
+                                      start_trace)
 
 NAME = "bench"
 HELP = "benchmark throughput and latency on a workload"
@@ -121,10 +122,9 @@ def run(args: argparse.Namespace) -> int:
                     bar.update(1)
     finally:
         bar.close()
-        trace = engine.stop_trace()
+        traces = engine.stop_trace()
     duration = time.monotonic() - start
-    if trace:
-        print(f"trace of the engine's steps written to {trace}", file=sys.stderr)
+    report_trace(traces)
     results = summarize(list(finished.values()), duration, samples, engine.kv_cache_stats())
     results["workload"] = {
         "source": args.file or "synthetic", "num_prompts": len(reqs),

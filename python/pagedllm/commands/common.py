@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import sys
 from typing import Any, Dict, Optional
 
 from pagedllm.config import (CHECK_NUMERICS, EXECUTOR_BACKENDS, KV_CACHE_DTYPES, MODEL_DTYPES,
@@ -187,20 +188,51 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_trace_arg(parser: argparse.ArgumentParser) -> None:
-    """--trace FILE.json (generate, serve): a Chrome trace of the engine's steps."""
-    parser.add_argument("--trace", "--profile-trace", dest="trace", metavar="FILE.json",
-                        help="write a Chrome/Perfetto trace of every engine step (torch.profiler, "
-                             "CPU activities: schedule, execute, sample, update spans)")
+    """The profiling flags (generate, serve, bench): --profile-trace FILE.json (alias --trace),
+    --profile-layers, --profile-torch-steps START:END, --profile-cuda-steps START:END."""
+    g = parser
+    g.add_argument("--profile-trace", "--trace", dest="trace", metavar="FILE.json",
+                   help="write a Chrome/Perfetto trace of every engine step: schedule, KV "
+                        "transfers, prepare inputs, forward, logits, sample, update, detokenize")
+    g.add_argument("--profile-layers", action="store_true",
+                   help="also a span per decoder layer inside forward")
+    g.add_argument("--profile-torch-steps", metavar="START:END",
+                   help="a torch.profiler capture of engine steps START..END-1, written "
+                        "beside the trace as FILE.torch.json")
+    g.add_argument("--profile-cuda-steps", metavar="START:END",
+                   help="cudaProfilerStart/Stop around engine steps START..END-1 (for nsys "
+                        "profile --capture-range=cudaProfilerApi; CUDA only; NVTX ranges on)")
 
 
 def start_trace(engine, args: argparse.Namespace) -> None:
-    """Arms the engine's step trace when --trace was given."""
-    path = getattr(args, "trace", None)
-    if path:
-        try:
-            engine.start_trace(path)
-        except ValueError as e:
-            raise UsageError(f"{e} (fix --trace)") from None
+    """Starts the engine's step trace when a profiling flag was given.
+
+    Raises:
+        UsageError: a bad profiling flag (named).
+    """
+    options = dict(path=getattr(args, "trace", None),
+                   layers=getattr(args, "profile_layers", False),
+                   torch_steps=getattr(args, "profile_torch_steps", None),
+                   cuda_steps=getattr(args, "profile_cuda_steps", None))
+    if not (options["path"] or options["cuda_steps"] or options["layers"]
+            or options["torch_steps"]):
+        return
+    try:
+        engine.start_trace(**options)
+    except ValueError as e:
+        message = str(e)
+        for field, flag in (("profile_trace", "--profile-trace"),
+                            ("profile_layers", "--profile-layers"),
+                            ("profile_torch_steps", "--profile-torch-steps"),
+                            ("profile_cuda_steps", "--profile-cuda-steps")):
+            message = message.replace(field, flag)
+        raise UsageError(f"{message} (fix the --profile-* flags)") from None
+
+
+def report_trace(paths) -> None:
+    """Tells stderr where the trace files went."""
+    for path in paths:
+        print(f"trace of the engine's steps written to {path}", file=sys.stderr)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -22,7 +22,8 @@ from typing import List, Optional, TextIO
 
 from pagedllm.engine.llm_engine import without_request_id
 from pagedllm.commands.common import (UsageError, add_engine_args, add_trace_arg, build_engine,
-                                      engine_config, positive_int, start_trace)
+                                      engine_config, positive_int, report_trace,
+                                      start_trace)
 from pagedllm.commands.report import kv_summary
 from pagedllm.streaming import ChoiceTracker, holdback_for
 
@@ -181,9 +182,7 @@ def run(args: argparse.Namespace) -> int:
                 first_token = time.perf_counter()
             printer.update(index[out.request_id], out)
     elapsed = time.perf_counter() - start
-    trace = engine.stop_trace()
-    if trace:
-        print(f"trace of the engine's steps written to {trace}", file=sys.stderr)
+    report_trace(engine.stop_trace())
     if not args.quiet:
         _report(engine, len(prompts), elapsed, first_token - start if first_token else None, usage)
     return 0

@@ -41,6 +41,18 @@ class Executor(abc.ABC):
     def shutdown(self) -> None:
         """Releases the workers (pending transfers finish first)."""
 
+    def set_tracing(self, recorder, layers: bool) -> bool:
+        """Gives the workers the trace's span recorder (engine/tracing.py; None: stop).
+
+        Args:
+            recorder: a SpanRecorder, or None.
+            layers: also a span per decoder layer.
+        Returns:
+            False when the workers cannot record into it (this default: out-of-process
+            workers); the trace then holds the engine's spans only.
+        """
+        return False
+
     @property
     @abc.abstractmethod
     def device_description(self) -> str:
@@ -66,6 +78,10 @@ class UniProcExecutor(Executor):
     def set_kv_tier(self, tier) -> None:
         self.worker.transfer.source = tier.load_into
         self.worker.transfer.sink = tier.store_block
+
+    def set_tracing(self, recorder, layers: bool) -> bool:
+        self.worker.set_tracing(recorder, layers)
+        return True
 
     def shutdown(self) -> None:
         self.worker.shutdown()

@@ -21,12 +21,14 @@ block -> key); without one, a plan with loads or stores is an error.
 from __future__ import annotations
 
 import concurrent.futures
+from time import perf_counter_ns
 from typing import Callable, List, Optional
 
 import numpy as np
 import torch
 
 from pagedllm.engine.host_swap import HostSwapPool
+from pagedllm.engine.tracing import NULL_RECORDER
 from pagedllm.engine.transfer_plan import KVTransferPlan, copy_waves
 from pagedllm.model import PagedKVCache
 
@@ -58,8 +60,9 @@ class KVTransferEngine:
         self._pending: List[concurrent.futures.Future] = []
         self._device_ticket = 0  # CUDA: copies the next compute must wait for
         self.num_overlapped_swap_outs = 0
-        self.events: List[tuple] = []  # (what, n) in execution order, for tests and traces
+        self.events: List[tuple] = []  # (what, n) in execution order, for tests
         self.record_events = False
+        self.recorder = NULL_RECORDER  # trace spans kv.<what> (Worker.set_tracing)
 
     # --- before / after the forward -----------------------------------------------------------
     def before_forward(self, plan: KVTransferPlan, written_blocks: np.ndarray) -> None:
@@ -82,14 +85,16 @@ class KVTransferEngine:
                                    plan.swap_in[:, 1]])
             if np.isin(swap_out[:, 0], busy).any():
                 self._note("swap_out", len(swap_out))
-                self.host_pool.swap_out(swap_out)
+                with self.recorder.span("kv.swap_out", {"blocks": len(swap_out)}, "transfer"):
+                    self.host_pool.swap_out(swap_out)
             else:  # nothing this step writes is read: copy while the forward computes
                 self.num_overlapped_swap_outs += 1
                 self._note("swap_out_async", len(swap_out))
-                self._pending.append(self._thread.submit(self.host_pool.swap_out, swap_out))
+                self._pending.append(self._thread.submit(self._swap_out_async, swap_out))
         if len(plan.swap_in):
             self._note("swap_in", len(plan.swap_in))
-            self.host_pool.swap_in(plan.swap_in)
+            with self.recorder.span("kv.swap_in", {"blocks": len(plan.swap_in)}, "transfer"):
+                self.host_pool.swap_in(plan.swap_in)
         self._run_loads(plan)
         self._run_copies(plan)
 
@@ -136,13 +141,16 @@ class KVTransferEngine:
         s = self.streams
         after = s.record_compute()  # the compute that wrote the victims' blocks
         ticket = 0
+        # Spans here time the host side: queueing the copies on the copy stream.
         if len(plan.swap_out):
             self._note("swap_out", len(plan.swap_out))
-            ticket = self.host_pool.swap_out(plan.swap_out, after)
+            with self.recorder.span("kv.swap_out", {"blocks": len(plan.swap_out)}, "transfer"):
+                ticket = self.host_pool.swap_out(plan.swap_out, after)
         if len(plan.swap_in):
             self._note("swap_in", len(plan.swap_in))
             # After the swap-outs (a block freed by one may be the target of another).
-            ticket = self.host_pool.swap_in(plan.swap_in, ticket or after)
+            with self.recorder.span("kv.swap_in", {"blocks": len(plan.swap_in)}, "transfer"):
+                ticket = self.host_pool.swap_in(plan.swap_in, ticket or after)
         if ticket:
             s.compute_wait(ticket)  # on the device: the forward reads / overwrites those blocks
         self._run_loads(plan)
@@ -152,19 +160,29 @@ class KVTransferEngine:
         if not len(plan.copies):
             return
         self._note("copy", len(plan.copies))
-        for wave in copy_waves(plan.copies):
-            self.kv_cache.copy_blocks(torch.from_numpy(np.ascontiguousarray(wave)))
+        with self.recorder.span("kv.copy", {"blocks": len(plan.copies)}, "transfer"):
+            for wave in copy_waves(plan.copies):
+                self.kv_cache.copy_blocks(torch.from_numpy(np.ascontiguousarray(wave)))
 
     def _run_loads(self, plan: KVTransferPlan) -> None:
         if not plan.loads:
             return
         self._note("load", len(plan.loads))
-        for key, block in plan.loads:
-            self.source(key, self.kv_cache.pool[block])
+        with self.recorder.span("kv.load", {"blocks": len(plan.loads)}, "transfer"):
+            for key, block in plan.loads:
+                self.source(key, self.kv_cache.pool[block])
 
     def _run_stores(self, stores) -> None:
-        for block, key in stores:
-            self.sink(self.kv_cache.pool[block], key)
+        with self.recorder.span("kv.store", {"blocks": len(stores)}, "transfer"):
+            for block, key in stores:
+                self.sink(self.kv_cache.pool[block], key)
+
+    def _swap_out_async(self, pairs: np.ndarray) -> None:
+        # On the transfer thread: no NVTX range (ranges are per thread; a bare span).
+        t0 = perf_counter_ns()
+        self.host_pool.swap_out(pairs)
+        self.recorder.add("kv.swap_out", t0, perf_counter_ns(), {"blocks": len(pairs)},
+                          "transfer")
 
     def _note(self, what: str, n: int) -> None:
         if self.record_events:

@@ -26,6 +26,8 @@ import torch
 from pagedllm import _core
 from pagedllm.config import EngineConfig
 from pagedllm.engine import kv_diagnostics, tracing
+from pagedllm.engine.numerics import NumericsChecker
+from pagedllm.engine.trace_options import TraceOptions
 from pagedllm.engine.executor import Executor, ExecutorDeadError, make_executor
 from pagedllm.engine.sampler import Sampler
 from pagedllm.engine.scheduler import Scheduler, SchedulerOutput
@@ -118,7 +120,9 @@ class LLMEngine:
         self.num_prompt_tokens = 0
         self.num_steps = 0
         self.num_failed_steps = 0
-        self.num_numeric_errors = 0  # steps whose logits had NaN/Inf (check_numerics)
+        # check_numerics: the worker probes every layer; this decides (engine/numerics.py).
+        self.numerics = (NumericsChecker(config.check_numerics, self.scheduler, self.kv_manager)
+                         if config.check_numerics != "off" else None)
         # Preemptions per step; a rate-limited warning with the OOM table's diagnosis on storms.
         self.kv_monitor = kv_diagnostics.PreemptionMonitor()
         self.tracer: Optional[tracing.StepTracer] = None  # start_trace()
@@ -303,17 +307,17 @@ class LLMEngine:
             the finished ones when stream_outputs is False), and for every request the step
             failed (finish_reason "error", `error` set).
         """
-        if self.tracer is None:
-            return self._step(tracing.no_span)
-        from torch.profiler import record_function
+        tracer = self.tracer
+        if tracer is None:
+            return self._step(tracing.NULL_RECORDER)
+        token = tracer.begin_step()
+        try:
+            return self._step(tracer.recorder)
+        finally:
+            tracer.end_step(token)
 
-        self.tracer.ensure_started()
-        self.tracer.num_steps += 1
-        with record_function("pagedllm.step"):
-            return self._step(record_function)
-
-    def _step(self, span) -> List[RequestOutput]:
-        with span("pagedllm.schedule"):
+    def _step(self, rec) -> List[RequestOutput]:
+        with rec.span("schedule"):
             out = self.scheduler.schedule()
             self.kv_monitor.observe(self.scheduler.num_preemptions, self._diagnose_pressure)
         if out.is_empty:
@@ -323,7 +327,7 @@ class LLMEngine:
         if self.on_step is not None:
             self.on_step(self.kv_manager.stats())
         try:
-            with span("pagedllm.execute"):
+            with rec.span("execute", cat="worker"):
                 result = self.executor.execute_model(out)
         except ExecutorDeadError:  # the workers are gone (a rank died or hung): stop
             raise
@@ -334,12 +338,13 @@ class LLMEngine:
             self.kv_manager.reset_prefix_cache()
             return self.scheduler.take_failed_outputs()
         self.num_steps += 1
-        with span("pagedllm.sample"):
-            if self.config.check_numerics != "off" and result.logits is not None:
-                self._check_numerics(out, result.logits)
+        if self.numerics is not None:
+            with rec.span("numerics"):
+                self.numerics.check(out, self.num_steps, result.layer_faults, result.logits)
+        with rec.span("sample"):
             results = self._sample(out, result.logits)
         try:
-            with span("pagedllm.update"):
+            with rec.span("update"):
                 return self.scheduler.update_from_output(out, result.logits, result.prompt_logits,
                                                          results)
         except Exception as e:  # noqa: BLE001
@@ -347,18 +352,46 @@ class LLMEngine:
             return self.scheduler.take_failed_outputs()
 
     # --- traces -------------------------------------------------------------------------------
-    def start_trace(self, path: str) -> None:
-        """Records the following steps in a Chrome trace (engine/tracing.py); the profiler
-        starts on the thread that runs the next step. Call stop_trace() on that thread."""
+    def start_trace(self, path: Optional[str] = None, *, layers: bool = False,
+                    torch_steps=None, cuda_steps=None,
+                    options: Optional[TraceOptions] = None) -> None:
+        """Records the following steps (engine/tracing.py) until stop_trace().
+
+        Args:
+            path: the Chrome/Perfetto trace JSON to write (None: no JSON).
+            layers: a span (and on CUDA an NVTX range) per decoder layer.
+            torch_steps: "START:END" or (start, end): a torch.profiler capture of those steps
+                (counted from this call), written beside `path` as <name>.torch.json.
+            cuda_steps: "START:END" or (start, end): cudaProfilerStart/Stop around those steps
+                (for nsys --capture-range=cudaProfilerApi; CUDA only).
+            options: all of the above as one TraceOptions (the other arguments are ignored).
+        Raises:
+            ValueError: a bad option (named), or the trace's directory does not exist.
+            RuntimeError: a trace is already being recorded.
+        """
         if self.tracer is not None:
             raise RuntimeError(f"a trace to {self.tracer.path} is already being recorded")
-        self.tracer = tracing.StepTracer(path)
+        options = options or TraceOptions(path, layers, torch_steps, cuda_steps)
+        if not options.enabled:
+            raise ValueError("nothing to record: give profile_trace (a file) or "
+                             "profile_cuda_steps")
+        on_cuda = self.executor.device_description.startswith("cuda")
+        self.tracer = tracing.StepTracer(options, on_cuda,
+                                         torch.cuda.synchronize if on_cuda else None)
+        if not self.executor.set_tracing(self.tracer.recorder, options.layers):
+            logger.warning("this executor's workers record no spans: the trace holds the "
+                           "engine's spans only")
+        self.scheduler.processor.stop.clock = self.tracer.clock  # detokenize spans
 
-    def stop_trace(self) -> Optional[str]:
-        """Writes the trace started by start_trace(); returns its path (None: no trace, or no
-        step ran)."""
+    def stop_trace(self) -> List[str]:
+        """Ends the trace started by start_trace() (on the thread that ran its steps) and
+        writes it; returns the files written (none: no trace was being recorded)."""
         tracer, self.tracer = self.tracer, None
-        return tracer.stop() if tracer is not None else None
+        if tracer is None:
+            return []
+        self.executor.set_tracing(None, False)
+        self.scheduler.processor.stop.clock = None
+        return tracer.close()
 
     def _sample(self, out: SchedulerOutput, logits) -> list:
         """Draws every target's token; on an error, draws one request at a time and fails the
@@ -387,44 +420,6 @@ class LLMEngine:
                 results[i] = r
         placeholder = next((r for r in results if r is not None), None)
         return [r if r is not None else placeholder for r in results]
-
-    def _check_numerics(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
-        """check_numerics: finds logits rows with NaN/Inf (one isfinite over the host logits)
-        and warns about, or fails, the requests they belong to."""
-        # A row with a NaN/Inf has a non-finite sum (30x cheaper than isfinite over every
-        # element of a large vocabulary); candidates (a finite sum can also overflow) are then
-        # confirmed element-wise.
-        candidates = torch.nonzero(~torch.isfinite(logits.sum(dim=-1))).flatten()
-        if not candidates.numel():
-            return
-        confirmed = ~torch.isfinite(logits[candidates]).all(dim=-1)
-        bad_rows = candidates[confirmed]
-        if not bad_rows.numel():
-            return
-        self.num_numeric_errors += 1
-        rows = set(bad_rows.tolist())
-        where = {e.seq.seq_id: e.context_len - 1 for e in out.scheduled}
-        hits: Dict[str, tuple] = {}
-        for t in out.sample_targets:
-            if t.row in rows:
-                hits.setdefault(t.seq.request.request_id, (t.seq, t.row))
-        for row, seq in out.beam_rows:
-            if row in rows:
-                hits.setdefault(seq.request.request_id, (seq, row))
-        for rid, (seq, row) in hits.items():
-            pos = where.get(seq.seq_id, seq.num_tokens - 1)
-            message = (f"numeric check: NaN/Inf in the logits at step {self.num_steps} for request "
-                       f"{rid} (sequence {seq.index}, position {pos}, logits row {row})")
-            if self.config.check_numerics == "warn":
-                logger.warning("%s", message)
-                continue
-            logger.error("%s; failing the request", message)
-            self.scheduler.fail_request(seq.request, message)
-        if self.config.check_numerics == "fail":
-            with torch.inference_mode():  # the failed requests' draws are skipped: keep the
-                logits[bad_rows] = 0.0    # sampler away from NaN
-            # Their blocks hold non-finite K/V: never serve them from the prefix cache.
-            self.kv_manager.reset_prefix_cache()
 
     def _fail(self, out: SchedulerOutput, message: str) -> None:
         self.num_failed_steps += 1
@@ -474,7 +469,7 @@ class LLMEngine:
             s["host_blocks"] = self.scheduler.host.capacity
             s["host_free_blocks"] = self.scheduler.host.num_free
         s["num_failed_steps"] = self.num_failed_steps
-        s["num_numeric_errors"] = self.num_numeric_errors
+        s["num_numeric_errors"] = self.numerics.num_errors if self.numerics is not None else 0
         s["device"] = self.executor.device_description
         if self.tier is not None:
             s.update(self.tier.stats())

@@ -17,7 +17,10 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
+from pagedllm.engine.layer_probe import LayerObservers, LayerSpans, NumericsProbe
+from pagedllm.engine.numerics import LayerFaults
 from pagedllm.engine.scheduler import SchedulerOutput
+from pagedllm.engine.tracing import NULL_RECORDER
 from pagedllm.model import AttentionMetadata, PagedKVCache
 from pagedllm.multimodal.encoder_cache import EncoderCache
 
@@ -29,10 +32,13 @@ class ModelOutput:
     Attributes:
         logits: float32 [len(logits_indices), vocab] (None when no row is sampled).
         prompt_logits: entry index -> float32 [rows, vocab] for prompt logprobs.
+        layer_faults: packed rows whose activations went NaN/Inf, with the first layer where
+            they did (check_numerics; None: none found, or not checked).
     """
 
     logits: Optional[torch.Tensor]
     prompt_logits: Dict[int, torch.Tensor]
+    layer_faults: Optional[LayerFaults] = None
 
 
 class _Staging:
@@ -65,14 +71,31 @@ class ModelRunner:
     Args:
         model: the loaded Llama (pagedllm.model), in eval mode, on `kv_cache.device`.
         kv_cache: the paged KV pool its attention reads and writes.
+        check_numerics: probe every layer's output for NaN/Inf (engine/layer_probe.py).
     """
 
-    def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache):
+    def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache,
+                 check_numerics: bool = False):
         self.model = model
         self.kv_cache = kv_cache
         self.device = kv_cache.device
         self._staging = _Staging(self.device) if self.device.type == "cuda" else None
         self.encoder_cache = EncoderCache(model, self.device)  # image embeddings by hash
+        # decoder layers (LLaVA: its language model's)
+        self.num_layers = len(getattr(model, "language_model", model).layers)
+        self.probe = NumericsProbe(self.num_layers, self.device) if check_numerics else None
+        self.recorder = NULL_RECORDER
+        self._observer = self.probe
+
+    def set_tracing(self, recorder, layers: bool) -> None:
+        """Records prepare_inputs / forward / logits spans (and `layer i` spans when `layers`)
+        into `recorder`; None stops."""
+        self.recorder = recorder or NULL_RECORDER
+        observers = [o for o in (self.probe,) if o is not None]
+        if recorder is not None and layers:
+            observers.append(LayerSpans(recorder, self.num_layers))
+        self._observer = (None if not observers else observers[0] if len(observers) == 1
+                          else LayerObservers(observers))
 
     def _tensor(self, name: str, arr: np.ndarray) -> torch.Tensor:
         if self._staging is None:
@@ -88,28 +111,40 @@ class ModelRunner:
         Returns:
             The logits of the rows to sample from (and of prompt rows when requested).
         """
-        meta = AttentionMetadata(
-            slot_mapping=self._tensor("slots", out.slot_mapping),       # [num_tokens] int64
-            block_tables=self._tensor("tables", out.block_tables),      # [num_seqs, W] int32
-            context_lens=self._tensor("ctx", out.context_lens),         # [num_seqs] int32
-            cu_seqlens_q=self._tensor("cu", out.cu_seqlens_q),          # [num_seqs + 1] int32
-            num_decode_seqs=out.num_decode_seqs,
-            cu_seqlens_q_host=out.cu_seqlens_q,  # checked on the host, not on the device
-        )
-        # multimodal steps: {"mm_rows": [k], "mm_embeds": [k, hidden]} (encoder run first)
-        extra = {} if out.multimodal is None else self.encoder_cache.model_inputs(out.multimodal)
-        hidden = self.model(self._tensor("ids", out.input_ids),
-                            self._tensor("pos", out.positions), meta,
-                            self.kv_cache, **extra)                     # [num_tokens, hidden]
-        prompt_logits: Dict[int, torch.Tensor] = {}
-        for i, a, b in out.prompt_logit_spans:
-            # [q_len, vocab] on the host
-            prompt_logits[i] = self.model.compute_logits(hidden[a:b]).cpu()
-        logits = None
-        n = len(out.logits_indices)
-        if n == hidden.shape[0]:  # every row, in order (a pure decode step): no gather
-            logits = self.model.compute_logits(hidden).cpu()           # [num_sample, vocab]
-        elif n:
-            rows = self._tensor("rows", out.logits_indices)
-            logits = self.model.compute_logits(hidden[rows]).cpu()     # [num_sample, vocab]
-        return ModelOutput(logits, prompt_logits)
+        rec = self.recorder
+        with rec.span("prepare_inputs", cat="worker"):
+            meta = AttentionMetadata(
+                slot_mapping=self._tensor("slots", out.slot_mapping),       # [num_tokens] int64
+                block_tables=self._tensor("tables", out.block_tables),      # [num_seqs, W] int32
+                context_lens=self._tensor("ctx", out.context_lens),         # [num_seqs] int32
+                cu_seqlens_q=self._tensor("cu", out.cu_seqlens_q),          # [num_seqs + 1] int32
+                num_decode_seqs=out.num_decode_seqs,
+                cu_seqlens_q_host=out.cu_seqlens_q,  # checked on the host, not on the device
+            )
+            ids = self._tensor("ids", out.input_ids)                        # [num_tokens] int64
+            pos = self._tensor("pos", out.positions)                        # [num_tokens] int64
+        extra = {}
+        if out.multimodal is not None:
+            with rec.span("encoder", cat="worker"):
+                # {"mm_rows": [k], "mm_embeds": [k, hidden]} (the image encoder runs first)
+                extra = self.encoder_cache.model_inputs(out.multimodal)
+        if self.probe is not None:
+            self.probe.start(len(out.input_ids))
+        with rec.span("forward", cat="worker"):
+            hidden = self.model(ids, pos, meta, self.kv_cache, observer=self._observer,
+                                **extra)                                    # [num_tokens, hidden]
+        with rec.span("logits", cat="worker"):
+            prompt_logits: Dict[int, torch.Tensor] = {}
+            for i, a, b in out.prompt_logit_spans:
+                # [q_len, vocab] on the host
+                prompt_logits[i] = self.model.compute_logits(hidden[a:b]).cpu()
+            logits = None
+            n = len(out.logits_indices)
+            if n == hidden.shape[0]:  # every row, in order (a pure decode step): no gather
+                logits = self.model.compute_logits(hidden).cpu()           # [num_sample, vocab]
+            elif n:
+                rows = self._tensor("rows", out.logits_indices)
+                logits = self.model.compute_logits(hidden[rows]).cpu()     # [num_sample, vocab]
+        # After the logits' copy to the host (which waits for the device): no extra sync.
+        faults = self.probe.faults(hidden) if self.probe is not None else None
+        return ModelOutput(logits, prompt_logits, faults)

@@ -7,6 +7,7 @@ EOS and stop tokens do not end a sequence before min_tokens tokens were generate
 
 from __future__ import annotations
 
+from time import perf_counter_ns
 from typing import Optional, Sequence as Seq
 
 from pagedllm.engine.sequence import Sequence
@@ -25,6 +26,7 @@ class StopChecker:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
+        self.clock = None  # a tracing.DetokenizeClock while a trace records (the engine sets it)
 
     def append_text(self, seq: Sequence) -> str:
         """Detokenizes the sequence's newest token into seq.output_text; returns the delta."""
@@ -36,8 +38,12 @@ class StopChecker:
                 seq.token_ids[: seq.num_prompt_tokens], params.skip_special_tokens)
             for t in seq.token_ids[seq.num_prompt_tokens:-1]:  # a fork's earlier tokens
                 seq.output_text += seq.detokenizer.add(t)
+        clock = self.clock
+        t0 = perf_counter_ns() if clock is not None else 0
         delta = seq.detokenizer.add(seq.token_ids[-1])
         seq.output_text += delta
+        if clock is not None:
+            clock.add(t0)
         return delta
 
     def check(self, seq: Sequence, delta: str) -> Optional[str]:

@@ -23,6 +23,7 @@ from pagedllm.engine.kv_sizing import KVPlan, plan_kv_pool, resolve_block_size
 from pagedllm.engine.kv_transfer import KVTransferEngine
 from pagedllm.engine.model_runner import ModelOutput, ModelRunner
 from pagedllm.engine.scheduler import SchedulerOutput
+from pagedllm.engine.tracing import NULL_RECORDER
 from pagedllm.model import PagedKVCache, load_model
 
 if TYPE_CHECKING:
@@ -152,7 +153,8 @@ class Worker:
             self.host_pool = HostSwapPool(self.kv_cache.pool, num_host_blocks, self.streams)
         self.layout = KVLayout(plan, num_host_blocks, self.block_size_reason)
         self.transfer = KVTransferEngine(self.kv_cache, self.host_pool, self.streams)
-        self.model_runner = ModelRunner(self.model, self.kv_cache)
+        self.model_runner = ModelRunner(self.model, self.kv_cache,
+                                        check_numerics=config.check_numerics != "off")
         logger.info("worker: %s, %s weights, %d KV blocks of %d tokens (%.1f MiB)%s",
                     self.device, str(self.dtype).replace("torch.", ""), plan.num_blocks,
                     plan.block_size, plan.num_blocks * bytes_per_block / (1 << 20),
@@ -173,6 +175,12 @@ class Worker:
         if self.streams is not None:
             self._check_device_errors()
         return result
+
+    def set_tracing(self, recorder, layers: bool) -> None:
+        """Records this worker's spans (transfers, inputs, forward, layers, logits) into
+        `recorder` (engine/tracing.py); None stops."""
+        self.transfer.recorder = recorder or NULL_RECORDER
+        self.model_runner.set_tracing(recorder, layers)
 
     def _check_device_errors(self) -> None:
         from pagedllm import _core

@@ -220,7 +220,8 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv: PagedKVCache, inputs_embeds: Optional[torch.Tensor] = None) -> torch.Tensor:
+                kv: PagedKVCache, inputs_embeds: Optional[torch.Tensor] = None,
+                observer=None) -> torch.Tensor:
         """Runs one step: the new tokens of every scheduled sequence, packed.
 
         Args:
@@ -230,6 +231,10 @@ class LlamaForCausalLM(nn.Module):
             kv: the paged cache; the new tokens' K/V are written into it.
             inputs_embeds: [num_tokens, hidden_size], used instead of embedding input_ids
                 (multimodal models put image embeddings at their placeholder rows).
+            observer: None, or an object told `after_layer(-1, x)` after the embedding and
+                `before_layer(i)` / `after_layer(i, x)` around layer i, x being the residual
+                stream [num_tokens, hidden_size] (numeric checks, per-layer trace spans:
+                engine/layer_probe.py).
         Returns:
             hidden: [num_tokens, hidden_size], final RMSNorm applied (feed rows to compute_logits).
         Raises:
@@ -253,8 +258,15 @@ class LlamaForCausalLM(nn.Module):
             x = inputs_embeds
         # cos, sin: [num_tokens, 1, head_dim], shared by every layer
         cos, sin = self.rotary.tables(positions, self.dtype)
+        if observer is None:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, cos, sin, meta, kv, i)
+            return self.norm(x)
+        observer.after_layer(-1, x)
         for i, layer in enumerate(self.layers):
+            observer.before_layer(i)
             x = layer(x, cos, sin, meta, kv, i)
+            observer.after_layer(i, x)
         return self.norm(x)
 
     @torch.inference_mode()

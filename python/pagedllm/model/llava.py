@@ -79,7 +79,7 @@ class LlavaForConditionalGeneration(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv: PagedKVCache, mm_rows: Optional[torch.Tensor] = None,
-                mm_embeds: Optional[torch.Tensor] = None) -> torch.Tensor:
+                mm_embeds: Optional[torch.Tensor] = None, observer=None) -> torch.Tensor:
         """One decoder step (LlamaForCausalLM.forward) with image embeddings at some rows.
 
         Args:
@@ -87,6 +87,7 @@ class LlavaForConditionalGeneration(nn.Module):
             positions, meta, kv: as for LlamaForCausalLM.forward.
             mm_rows: [k] int64, packed rows that take image embeddings (None: text only).
             mm_embeds: [k, hidden_size], those embeddings, in mm_rows' order.
+            observer: the decoder's layer observer (LlamaForCausalLM.forward).
         Returns:
             hidden: [num_tokens, hidden_size], final norm applied.
         """
@@ -94,7 +95,7 @@ class LlavaForConditionalGeneration(nn.Module):
         x = lm.embed_tokens(input_ids)  # [num_tokens, hidden_size]
         if mm_rows is not None and mm_rows.numel():
             x[mm_rows] = mm_embeds.to(x.dtype)
-        return lm(input_ids, positions, meta, kv, inputs_embeds=x)
+        return lm(input_ids, positions, meta, kv, inputs_embeds=x, observer=observer)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of rows of forward's output: [n, hidden_size] -> [n, vocab_size] float32."""
