@@ -1,0 +1,312 @@
+"""Timeline traces (issue 17): the trace JSON parses and holds the expected spans, in order and
+nested; the file is valid after every flush; the torch.profiler window; option errors; NVTX
+ranges and the cudaProfilerStart/Stop window with the CUDA modules mocked (CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine_fixtures import assert_pool_clean, engine_model_dir, greedy, mixed_prompts, tok  # noqa: F401
+from pagedllm import LLM, SamplingParams
+from pagedllm.config import EngineConfig
+from pagedllm.engine import profile_windows, tracing
+from pagedllm.engine.trace_options import TraceOptions, parse_step_window
+
+NUM_LAYERS = 2  # engine_fixtures.ENGINE_MODEL
+
+
+def spans(path):
+    """The trace's complete events, by start time."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    return sorted((e for e in events if e["ph"] == "X"), key=lambda e: (e["ts"], -e["dur"]))
+
+
+def children(parent, events):
+    """The events directly inside `parent` (same thread), in order."""
+    lo, hi = parent["ts"], parent["ts"] + parent["dur"]
+    inside = [e for e in events if e is not parent and e["tid"] == parent["tid"]
+              and lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 0.002]
+    return [e for e in inside if not any(o is not e and o["ts"] <= e["ts"] and
+                                         e["ts"] + e["dur"] <= o["ts"] + o["dur"] + 0.002
+                                         for o in inside)]
+
+
+def assert_properly_nested(events):
+    """Any two spans of one thread are disjoint or one holds the other (a tree)."""
+    by_tid = {}
+    for e in events:
+        by_tid.setdefault(e["tid"], []).append(e)
+    for evs in by_tid.values():
+        stack = []
+        for e in evs:
+            end = e["ts"] + e["dur"]
+            while stack and stack[-1] <= e["ts"]:
+                stack.pop()
+            assert not stack or end <= stack[-1] + 0.002, e
+            stack.append(end)
+
+
+def assert_step_structure(events, layers: bool, numerics: bool = False):
+    steps = [e for e in events if e["name"] == "step"]
+    assert steps and [s["args"]["step"] for s in steps] == list(range(len(steps)))
+    full = 0
+    for s in steps:
+        names = [e["name"] for e in children(s, events)]
+        expected = ["schedule", "execute"] + (["numerics"] if numerics else []) + ["sample", "update"]
+        assert names in (expected, ["schedule"]), names
+        if names == ["schedule"]:
+            continue
+        full += 1
+        execute = next(e for e in children(s, events) if e["name"] == "execute")
+        inner = [e["name"] for e in children(execute, events)]
+        assert [n for n in inner if not n.startswith("kv.")] == list(tracing.WORKER_SPANS), inner
+        assert inner.index("prepare_inputs") >= len([n for n in inner if n.startswith("kv.")])
+        forward = next(e for e in children(execute, events) if e["name"] == "forward")
+        got = [e["name"] for e in children(forward, events)]
+        assert got == ([f"layer {i}" for i in range(NUM_LAYERS)] if layers else []), got
+        update = next(e for e in children(s, events) if e["name"] == "update")
+        assert [e["name"] for e in children(update, events)] in ([], ["detokenize"])
+    assert full >= 2
+
+
+def test_trace_spans_are_present_ordered_and_nested(engine_model_dir, tmp_path):
+    path = tmp_path / "trace.json"
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64, profile_trace=str(path),
+              profile_layers=True, check_numerics="fail")
+    with pytest.raises(RuntimeError, match="already"):
+        llm.start_trace(str(path))
+    # n=2 samples share the prompt's last, partial block: a copy-on-write copy (kv.copy).
+    params = SamplingParams(n=2, temperature=0.8, max_tokens=4, ignore_eos=True, seed=1)
+    llm.generate(tok(mixed_prompts(3, seed=5, lo=5, hi=18)), params, use_tqdm=False)
+    assert llm.stop_trace() == [str(path)]
+    assert llm.stop_trace() == []  # nothing armed any more
+    events = spans(path)
+    assert_properly_nested(events)
+    assert_step_structure(events, layers=True, numerics=True)
+    copies = [e for e in events if e["name"] == "kv.copy"]
+    assert copies and all(e["args"]["blocks"] >= 1 and e["args"]["us_per_block"] >= 0
+                          for e in copies)
+    assert_pool_clean(llm)
+
+
+def test_trace_without_layers_and_file_valid_after_every_flush(engine_model_dir, tmp_path,
+                                                                monkeypatch):
+    monkeypatch.setattr(tracing, "FLUSH_EVENTS", 8)
+    path = tmp_path / "t.json"
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64)
+    llm.start_trace(str(path))
+    engine = llm.engine
+    for i, p in enumerate(mixed_prompts(2, seed=7, hi=12)):
+        engine.add_request(f"r{i}", {"prompt_token_ids": p}, greedy(6))
+    sizes = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        sizes.append(len(spans(path)))  # parses while the trace is still being recorded
+    assert sizes[-1] > sizes[0] > 0
+    llm.stop_trace()
+    events = spans(path)
+    assert len(events) > sizes[-1] - 1
+    assert_properly_nested(events)
+    assert_step_structure(events, layers=False)
+
+
+def test_torch_profiler_window_captures_only_its_steps(engine_model_dir, tmp_path):
+    path = tmp_path / "w.json"
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64, profile_trace=str(path),
+              profile_torch_steps="1:3")
+    llm.generate(tok(mixed_prompts(2, seed=9, hi=12)), greedy(5), use_tqdm=False)
+    written = llm.stop_trace()
+    torch_path = str(tmp_path / "w.torch.json")
+    assert written == [str(path), torch_path]
+    with open(torch_path) as f:
+        names = {e.get("name") for e in json.load(f)["traceEvents"]}
+    assert {"pagedllm.step 1", "pagedllm.step 2"} <= names
+    assert not {"pagedllm.step 0", "pagedllm.step 3"} & names
+    assert any(n and n.startswith("aten::") for n in names)  # torch's own op events
+
+
+def test_step_window_and_option_errors(engine_model_dir, tmp_path):
+    assert parse_step_window("10:20", "w") == (10, 20)
+    assert parse_step_window((0, 1), "w") == (0, 1)
+    for bad in ("3:1", "2:2", "-1:4", "x", "1:2:3"):
+        with pytest.raises(ValueError, match="w="):
+            parse_step_window(bad, "w")
+    with pytest.raises(ValueError, match="profile_torch_steps needs profile_trace"):
+        TraceOptions(torch_steps="0:2")
+    with pytest.raises(ValueError, match="profile_layers needs profile_trace"):
+        TraceOptions(layers=True)
+    assert TraceOptions("a/t.json", torch_steps=(1, 2)).torch_trace_path == "a/t.torch.json"
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64)
+    with pytest.raises(ValueError, match="does not exist"):
+        llm.start_trace(str(tmp_path / "no" / "such" / "t.json"))
+    with pytest.raises(ValueError, match="device='cuda'"):
+        llm.start_trace(cuda_steps="0:2")
+    with pytest.raises(ValueError, match="nothing to record"):
+        llm.start_trace()
+    assert llm.engine.tracer is None  # a refused start leaves nothing armed
+    with pytest.raises(ValueError, match="profile_cuda_steps"):
+        LLM(engine_model_dir, block_size=4, num_kv_blocks=64, profile_cuda_steps="5")
+
+
+def test_cli_profile_flag_errors_name_the_flag(capsys, tmp_path):
+    from pagedllm import cli
+
+    code = cli.main(["generate", "--num-threads", "1", "--num-kv-blocks", "64", "--quiet",
+                     "--profile-torch-steps", "2:1", "--profile-trace", str(tmp_path / "t.json"),
+                     "Hello"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "--profile-torch-steps='2:1'" in err and "START < END" in err, err
+
+
+def test_generate_cli_trace_has_detokenize_spans(capsys, tmp_path):
+    from pagedllm import cli
+
+    path = tmp_path / "gen.json"
+    code = cli.main(["generate", "--num-threads", "1", "--num-kv-blocks", "64", "--temperature",
+                     "0", "--max-tokens", "3", "--quiet", "--trace", str(path), "Hello"])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"trace of the engine's steps written to {path}" in err
+    events = spans(path)
+    assert_properly_nested(events)
+    detok = [e for e in events if e["name"] == "detokenize"]
+    assert len(detok) == 3 and all(e["args"]["tokens"] == 1 for e in detok)
+    for d in detok:  # inside its step's update span
+        assert any(u["name"] == "update" and u["ts"] <= d["ts"] and
+                   d["ts"] + d["dur"] <= u["ts"] + u["dur"] + 0.002 for u in events)
+
+
+def test_bench_cli_writes_a_profile_trace(capsys, tmp_path):
+    from pagedllm import cli
+
+    path = tmp_path / "bench.json"
+    code = cli.main(["bench", "--num-threads", "1", "--num-kv-blocks", "64", "--num-prompts", "2",
+                     "--input-len", "8", "--output-len", "3", "--no-progress",
+                     "--profile-trace", str(path), "--profile-layers"])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert "trace of the engine's steps written to" in err
+    events = spans(path)
+    assert_properly_nested(events)
+    assert {f"layer {i}" for i in range(4)} <= {e["name"] for e in events}  # the tiny bench model
+
+
+def test_async_engine_writes_the_trace_on_its_thread(engine_model_dir, tmp_path):
+    import asyncio
+
+    from pagedllm.engine.async_engine import AsyncLLMEngine
+    from pagedllm.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=engine_model_dir, block_size=4, num_kv_blocks=64))
+    path = tmp_path / "serve.json"
+    engine.start_trace(str(path))
+    aeng = AsyncLLMEngine(engine)
+    aeng.start()
+
+    async def go():
+        async for out in aeng.generate("a", {"prompt_token_ids": [5, 6, 7, 8]}, greedy(3)):
+            last = out
+        return last
+    out = asyncio.run(go())
+    assert len(out.outputs[0].token_ids) == 3
+    aeng.shutdown()
+    events = spans(path)
+    assert_properly_nested(events)
+    assert_step_structure(events, layers=False)
+
+
+# --- NVTX and the CUDA profiler window, with the CUDA modules mocked ------------------------------
+class FakeNvtx:
+    """torch.cuda.nvtx's range_push / range_pop, recorded."""
+
+    def __init__(self):
+        self.calls, self.depth = [], 0
+
+    def range_push(self, name):
+        self.calls.append(("push", name))
+        self.depth += 1
+        return self.depth - 1
+
+    def range_pop(self):
+        self.calls.append(("pop", None))
+        self.depth -= 1
+        return self.depth
+
+
+class FakeProfiler:
+    def __init__(self, log):
+        self.log = log
+
+    def start(self):
+        self.log.append("start")
+
+    def stop(self):
+        self.log.append("stop")
+
+
+def test_nvtx_is_off_on_the_cpu(engine_model_dir, tmp_path):
+    assert tracing.nvtx_module(False) is None
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64, profile_trace=str(tmp_path / "t.json"))
+    assert llm.engine.tracer.recorder.nvtx is None
+    assert llm.engine.executor.worker.model_runner.recorder is llm.engine.tracer.recorder
+    llm.stop_trace()
+    assert llm.engine.executor.worker.model_runner.recorder is tracing.NULL_RECORDER
+
+
+def test_nvtx_ranges_mirror_the_spans_and_stay_balanced(engine_model_dir, tmp_path, monkeypatch):
+    nvtx = FakeNvtx()
+    monkeypatch.setattr(tracing, "nvtx_module", lambda on_cuda: nvtx)
+    path = tmp_path / "n.json"
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64, profile_trace=str(path),
+              profile_layers=True)
+    llm.generate(tok(mixed_prompts(2, seed=3, hi=12)), greedy(3), use_tqdm=False)
+    llm.stop_trace()
+    pushed = [name for op, name in nvtx.calls if op == "push"]
+    recorded = [e["name"] for e in spans(path)]
+    assert sorted(pushed) == sorted(recorded)  # one range per span (no detokenize: no tokenizer)
+    assert nvtx.depth == 0 and len(nvtx.calls) == 2 * len(pushed)
+    # A layer that raises mid-forward: its requests fail, and no range is left open.
+    model = llm.engine.executor.worker.model
+
+    def boom(module, args, output):
+        raise RuntimeError("injected")
+    handle = model.layers[1].register_forward_hook(boom)
+    llm.start_trace(str(tmp_path / "m.json"), layers=True)
+    (out,) = llm.generate(tok([[5, 6, 7]]), greedy(2), use_tqdm=False)
+    handle.remove()
+    llm.stop_trace()
+    assert out.outputs[0].finish_reason == "error" and "injected" in out.error
+    assert nvtx.depth == 0
+    assert_pool_clean(llm)
+
+
+def test_cuda_profiler_window_starts_and_stops_around_its_steps(tmp_path, monkeypatch):
+    log = []
+    nvtx = FakeNvtx()
+    monkeypatch.setattr(tracing, "nvtx_module", lambda on_cuda: nvtx if on_cuda else None)
+    monkeypatch.setattr(tracing, "cuda_profiler_module", lambda: FakeProfiler(log))
+    tracer = tracing.StepTracer(TraceOptions(cuda_steps="2:4"), on_cuda=True,
+                                synchronize=lambda: log.append("sync"))
+    for step in range(6):
+        log.append(f"begin {step}")
+        token = tracer.begin_step()
+        with tracer.recorder.span("schedule"):
+            pass
+        tracer.end_step(token)
+    tracer.close()
+    assert log == ["begin 0", "begin 1", "begin 2", "sync", "start", "begin 3", "sync", "stop",
+                   "begin 4", "begin 5"]
+    assert [n for op, n in nvtx.calls if op == "push"] == ["step", "schedule"] * 6
+    assert nvtx.depth == 0
+    assert tracer.recorder.events == []  # no JSON asked for: NVTX only, nothing kept
+
+    # A run that ends inside the window stops the profiler at close().
+    log.clear()
+    tracer = tracing.StepTracer(TraceOptions(cuda_steps="0:10"), on_cuda=True)
+    tracer.end_step(tracer.begin_step())
+    tracer.close()
+    assert log == ["start", "stop"]
+    assert profile_windows.CudaProfilerWindow  # the class the engine uses
