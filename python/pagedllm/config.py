@@ -30,7 +30,7 @@ extend::
       seed: 0
       num_threads: null
       prepack_weights: true       # weights in oneDNN's blocked layout (faster CPU matmuls)
-      check_numerics: off         # off | warn | fail: NaN/Inf logits rows after each forward
+      check_numerics: off         # off | warn | fail: NaN/Inf in a layer's output or the logits
     parallel:
       tensor_parallel_size: 1     # ranks the model is split over (Megatron-style)
       distributed_executor_backend: null  # mp (spawned local ranks; default when > 1) | ray
@@ -130,10 +130,10 @@ class EngineConfig:
             pool and back; falls back to recompute when the host pool is full).
         swap_space: GiB of host memory for swapped-out blocks (vLLM's name); used by
             preemption_mode="swap".
-        check_numerics: after each forward, look for NaN/Inf in the sampled logits rows:
-            "off" (default), "warn" (log a warning naming the step and the request) or "fail"
-            (finish the affected requests with an error naming the step and the request; the
-            other requests carry on).
+        check_numerics: after each forward, look for NaN/Inf in every layer's output and in
+            the sampled logits rows: "off" (default), "warn" (log a warning naming the layer,
+            the position and the request) or "fail" (finish the affected requests with that
+            error; the other requests carry on).
         persistence: the persistent KV tier (a PersistenceConfig, or a mapping with its keys:
             enabled, storage_path, backend, max_bytes, hot_blocks_threshold); None: off.
         tensor_parallel_size: ranks the model is split over (heads, KV heads, MLP and

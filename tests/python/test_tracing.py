@@ -13,63 +13,7 @@ from pagedllm import LLM, SamplingParams
 from pagedllm.config import EngineConfig
 from pagedllm.engine import profile_windows, tracing
 from pagedllm.engine.trace_options import TraceOptions, parse_step_window
-
-NUM_LAYERS = 2  # engine_fixtures.ENGINE_MODEL
-
-
-def spans(path):
-    """The trace's complete events, by start time."""
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    return sorted((e for e in events if e["ph"] == "X"), key=lambda e: (e["ts"], -e["dur"]))
-
-
-def children(parent, events):
-    """The events directly inside `parent` (same thread), in order."""
-    lo, hi = parent["ts"], parent["ts"] + parent["dur"]
-    inside = [e for e in events if e is not parent and e["tid"] == parent["tid"]
-              and lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 0.002]
-    return [e for e in inside if not any(o is not e and o["ts"] <= e["ts"] and
-                                         e["ts"] + e["dur"] <= o["ts"] + o["dur"] + 0.002
-                                         for o in inside)]
-
-
-def assert_properly_nested(events):
-    """Any two spans of one thread are disjoint or one holds the other (a tree)."""
-    by_tid = {}
-    for e in events:
-        by_tid.setdefault(e["tid"], []).append(e)
-    for evs in by_tid.values():
-        stack = []
-        for e in evs:
-            end = e["ts"] + e["dur"]
-            while stack and stack[-1] <= e["ts"]:
-                stack.pop()
-            assert not stack or end <= stack[-1] + 0.002, e
-            stack.append(end)
-
-
-def assert_step_structure(events, layers: bool, numerics: bool = False):
-    steps = [e for e in events if e["name"] == "step"]
-    assert steps and [s["args"]["step"] for s in steps] == list(range(len(steps)))
-    full = 0
-    for s in steps:
-        names = [e["name"] for e in children(s, events)]
-        expected = ["schedule", "execute"] + (["numerics"] if numerics else []) + ["sample", "update"]
-        assert names in (expected, ["schedule"]), names
-        if names == ["schedule"]:
-            continue
-        full += 1
-        execute = next(e for e in children(s, events) if e["name"] == "execute")
-        inner = [e["name"] for e in children(execute, events)]
-        assert [n for n in inner if not n.startswith("kv.")] == list(tracing.WORKER_SPANS), inner
-        assert inner.index("prepare_inputs") >= len([n for n in inner if n.startswith("kv.")])
-        forward = next(e for e in children(execute, events) if e["name"] == "forward")
-        got = [e["name"] for e in children(forward, events)]
-        assert got == ([f"layer {i}" for i in range(NUM_LAYERS)] if layers else []), got
-        update = next(e for e in children(s, events) if e["name"] == "update")
-        assert [e["name"] for e in children(update, events)] in ([], ["detokenize"])
-    assert full >= 2
+from trace_fixtures import assert_properly_nested, assert_step_structure, spans
 
 
 def test_trace_spans_are_present_ordered_and_nested(engine_model_dir, tmp_path):

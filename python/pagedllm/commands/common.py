@@ -151,8 +151,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--swap-space", type=float, metavar="GIB",
                    help="GiB of host memory for swapped-out KV blocks (4)")
     g.add_argument("--check-numerics", choices=CHECK_NUMERICS,
-                   help="NaN/Inf in a step's logits: off, warn (log the step and request) or "
-                        "fail (finish that request with an error) (off)")
+                   help="NaN/Inf in a layer's output or the logits: off, warn (log the layer, "
+                        "position and request) or fail (finish that request with an error) (off)")
     t = parser.add_argument_group("tensor parallelism (YAML section parallel:)")
     t.add_argument("-tp", "--tensor-parallel-size", type=positive_int, metavar="N",
                    help="split the model over N ranks (heads, MLP, vocabulary, KV heads) (1)")

@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--no-echo", action="store_true", help="print only the generated text")
     o.add_argument("--quiet", action="store_true", help="no throughput / KV figures at the end")
+    o.add_argument("--stats-file", metavar="FILE",
+                   help="keep the run's /metrics figures in FILE (rewritten every second and at "
+                        "the end), for `pagedllm monitor --stats-file FILE`")
     add_trace_arg(o)
     add_engine_args(p)
 
@@ -162,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
     _sampling_params(SamplingParams, given)  # bad flags fail before the model loads
     engine = build_engine(config)
     start_trace(engine, args)
+    stats = _stats_writer(engine, args.stats_file)
     defaults = {"max_tokens": DEFAULT_MAX_TOKENS, **engine.generation_defaults()}
     params = _sampling_params(SamplingParams, {**defaults, **given})
     usage: List[float] = []
@@ -177,15 +181,35 @@ def run(args: argparse.Namespace) -> int:
     printer = OrderedPrinter(prompts, args.n, holdback_for(stops), not args.no_echo, sys.stdout)
     first_token: Optional[float] = None
     while engine.has_unfinished_requests():
-        for out in engine.step():
+        outs = engine.step()
+        for out in outs:
             if first_token is None and any(c.token_ids for c in out.outputs):
                 first_token = time.perf_counter()
             printer.update(index[out.request_id], out)
+        if stats is not None:
+            stats.after_step(outs)
     elapsed = time.perf_counter() - start
+    if stats is not None:
+        stats.write()
     report_trace(engine.stop_trace())
     if not args.quiet:
         _report(engine, len(prompts), elapsed, first_token - start if first_token else None, usage)
     return 0
+
+
+def _stats_writer(engine, path: Optional[str]):
+    """The --stats-file writer (None without the flag)."""
+    if not path:
+        return None
+    import os
+
+    from pagedllm.commands.stats_file import StatsFileWriter
+
+    name = os.path.basename(os.path.normpath(engine.model_path))  # the server's default name
+    try:
+        return StatsFileWriter(engine, path, name)
+    except (ValueError, OSError) as e:
+        raise UsageError(f"{e} (fix --stats-file)") from None
 
 
 def _sampling_params(cls, fields: dict):

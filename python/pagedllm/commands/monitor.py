@@ -1,8 +1,9 @@
-"""Watch a running server's live figures, read from its /metrics.
+"""Watch a running server's live figures, read from its /metrics, or an offline run's, read
+from the file `pagedllm generate --stats-file FILE` keeps (the same figures).
 
 Refreshes in place every --interval seconds (Ctrl-C stops); --once prints one snapshot. Rates
-(tokens/s) need two snapshots and show as "-" on the first. A server that cannot be reached at
-the first scrape is an error; later, the screen says so and the monitor keeps trying.
+(tokens/s) need two snapshots and show as "-" on the first. A server (or file) that cannot be
+read at the first refresh is an error; later, the screen says so and the monitor keeps trying.
 
 metrics (--metric, repeatable or comma-separated; default: all):
   cache_usage     KV-cache usage (used blocks / pool), with a bar
@@ -23,6 +24,7 @@ metrics (--metric, repeatable or comma-separated; default: all):
 examples:
   pagedllm monitor --metric=cache_usage
   pagedllm monitor --url http://10.0.0.5:8000 --metric running,waiting,gen_throughput --interval 2
+  pagedllm generate --stats-file run.prom --file prompts.txt &  pagedllm monitor --stats-file run.prom
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from pagedllm.commands.common import CliError, UsageError
 
 NAME = "monitor"
-HELP = "show a running server's live metrics"
+HELP = "show a running server's (or an offline run's) live metrics"
 P = "pagedllm:"
 
 Samples = Dict[str, float]  # "name{label=value,...}" or "name" -> value, summed over labels
@@ -46,8 +48,11 @@ Snapshot = Tuple[float, Samples]  # (time, samples)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default="http://127.0.0.1:8000",
+    p.add_argument("--url", default=None,
                    help="the server's base URL (http://127.0.0.1:8000)")
+    p.add_argument("--stats-file", metavar="FILE",
+                   help="read an offline run's figures from FILE (written by `pagedllm generate "
+                        "--stats-file FILE`) instead of a server")
     p.add_argument("--metric", action="append", default=[], metavar="NAME",
                    help="what to show (repeatable, comma-separated; default: all)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes (1)")
@@ -59,12 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def fetch(url: str, timeout: float = 5.0, api_key: Optional[str] = None) -> Samples:
-    """Scrapes <url>/metrics (sending the API key when given); samples are summed over label
-    sets, and also kept per label set."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+    """Scrapes <url>/metrics (sending the API key when given); see parse()."""
     target = url.rstrip("/") + "/metrics"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    offline = ("; for an offline run, write `pagedllm generate --stats-file FILE` and read it "
+               "with `pagedllm monitor --stats-file FILE`")
     try:
         with urllib.request.urlopen(urllib.request.Request(target, headers=headers),
                                     timeout=timeout) as resp:
@@ -76,8 +80,34 @@ def fetch(url: str, timeout: float = 5.0, api_key: Optional[str] = None) -> Samp
         raise CliError(f"{target} answered HTTP {e.code} (is --url a pagedllm server?)") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
-        raise CliError(f"cannot reach {target}: {reason} (is `pagedllm serve` running there? "
-                       "check --url)") from None
+        raise CliError(f"cannot reach {target}: {reason} (the monitor needs a running server: "
+                       f"is `pagedllm serve` running there? check --url{offline})") from None
+    return parse(text)
+
+
+def read_stats_file(path: str) -> Tuple[float, Samples]:
+    """(the time the file was written, its samples) of a `generate --stats-file` file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        written = os.stat(path).st_mtime
+    except FileNotFoundError:
+        raise CliError(f"stats file {path!r} not found (write it with `pagedllm generate "
+                       "--stats-file FILE ...`; check --stats-file)") from None
+    except OSError as e:
+        raise CliError(f"cannot read stats file {path!r}: {e.strerror}") from None
+    try:
+        return written, parse(text)
+    except ValueError as e:
+        raise CliError(f"stats file {path!r} is not in the Prometheus text format ({e}); "
+                       "expected a file written by `pagedllm generate --stats-file`") from None
+
+
+def parse(text: str) -> Samples:
+    """Samples of a Prometheus text exposition, summed over label sets and also kept per
+    label set (model_name left out)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -186,7 +216,7 @@ def resolve_metrics(names: List[str]) -> List[Tuple[str, Callable]]:
 
         def raw_view(cur, prev, raw=raw, name=name):
             if raw not in cur[1]:
-                raise CliError(f"the server has no metric {name!r} (known views: "
+                raise CliError(f"no metric {name!r} in the figures (known views: "
                                f"{', '.join(VIEWS)}; or a name listed by /metrics)")
             return f"{cur[1][raw]:g}"
         views.append((name, raw_view))
@@ -204,20 +234,29 @@ def render(url: str, views, cur: Snapshot, prev: Optional[Snapshot]) -> List[str
 def run(args: argparse.Namespace) -> int:
     if not args.interval > 0:
         raise UsageError(f"--interval must be > 0, got {args.interval}")
+    if args.stats_file and args.url:
+        raise UsageError("give --url (a server) or --stats-file (an offline run), not both")
     views = resolve_metrics(args.metric)
     api_key = args.api_key or os.environ.get("PAGEDLLM_API_KEY") or None
+    source = args.stats_file or args.url or "http://127.0.0.1:8000"
+    if args.stats_file:
+        def snapshot() -> Snapshot:
+            return read_stats_file(args.stats_file)
+    else:
+        def snapshot() -> Snapshot:
+            return time.monotonic(), fetch(source, api_key=api_key)
     tty = sys.stdout.isatty()
     prev: Optional[Snapshot] = None
     drawn = 0
     refreshes = 0
     while True:
         try:
-            cur = (time.monotonic(), fetch(args.url, api_key=api_key))
-            lines = render(args.url, views, cur, prev)
+            cur = snapshot()
+            lines = render(source, views, cur, prev)
         except CliError as e:
             if prev is None:
                 raise
-            cur, lines = None, [f"pagedllm monitor: {args.url}  ({time.strftime('%H:%M:%S')})",
+            cur, lines = None, [f"pagedllm monitor: {source}  ({time.strftime('%H:%M:%S')})",
                                 f"  unreachable: {e}"]
         if tty and drawn:
             sys.stdout.write(f"\x1b[{drawn}F\x1b[J")  # back to the first line, clear below

@@ -1,0 +1,61 @@
+"""The figures of an offline run for `pagedllm monitor --stats-file` (`generate --stats-file`).
+
+The file holds exactly what a server's /metrics would (pagedllm.metrics: the same names,
+gauges, counters and latency histograms), in the Prometheus text format, replaced atomically
+(written to FILE.tmp, then renamed) at most every `interval_s` while the run goes and once at
+its end, so a monitor reading it never sees half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, List
+
+from pagedllm.metrics import EngineMetrics
+
+
+class StatsFileWriter:
+    """Keeps FILE up to date with one engine's metrics.
+
+    Args:
+        engine: the LLMEngine being driven (read between steps, on the caller's thread).
+        path: the file to write.
+        model_name: the model_name label.
+        interval_s: least time between two writes while running.
+    Raises:
+        ValueError: the directory of `path` does not exist.
+    """
+
+    def __init__(self, engine, path: str, model_name: str, interval_s: float = 1.0):
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise ValueError(f"stats file {path!r}: directory {directory!r} does not exist")
+        self.engine = engine
+        self.path = path
+        self.interval_s = interval_s
+        self.metrics = EngineMetrics(self._stats, model_name)
+        self._last_write = float("-inf")
+        self.write()  # a monitor started now finds the file at once
+
+    def _stats(self) -> Dict[str, Any]:
+        stats = dict(self.engine.kv_cache_stats())
+        stats["num_prompt_tokens"] = self.engine.num_prompt_tokens
+        stats["num_generation_tokens"] = self.engine.num_generation_tokens
+        stats["num_steps"] = self.engine.num_steps
+        return stats
+
+    def after_step(self, outputs: List) -> None:
+        """Observes one step's outputs; rewrites the file when interval_s has passed."""
+        now = time.monotonic()
+        self.metrics.on_outputs(outputs, now)
+        if now - self._last_write >= self.interval_s:
+            self.write()
+
+    def write(self) -> None:
+        """Writes the file now (atomically)."""
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(self.metrics.render())
+        os.replace(tmp, self.path)
+        self._last_write = time.monotonic()
