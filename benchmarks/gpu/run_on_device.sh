@@ -7,6 +7,7 @@
 #   tests.log      pytest output; junit.xml its machine-readable result
 #   bench.log      the benchmark table; bench.json its figures
 #   sanitizer.log  compute-sanitizer memcheck / racecheck of a few cases (when available)
+#   nsys.log       nsys capture of an engine step window and its NVTX summary (when available)
 #   summary.txt    one line per step with its exit status
 # Budget: ~8 minutes on a 16-core H200 machine (build ~2-3 min, tests ~2 min, bench ~1-2 min);
 # each step has its own timeout and a failing step does not stop the later ones.
@@ -63,7 +64,15 @@ if [ "$build_ok" = 1 ]; then
   # swap copies on their own stream (chrome trace kept under $OUT/traces).
   PAGEDLLM_TRACE_DIR="$OUT/traces" step engine_tests 240 tests.log "$PY" -m pytest -q -rfEs \
     -p no:cacheprovider --junitxml="$OUT/junit_engine.xml" tests/python/test_engine_gpu.py \
-    tests/python/test_engine_device.py
+    tests/python/test_engine_device.py tests/python/test_diagnostics_gpu.py
+  # Issue 17: nsys records exactly the --profile-cuda-steps window (when nsys is installed).
+  if command -v nsys >/dev/null; then
+    step nsys_window 180 nsys.log nsys profile --capture-range=cudaProfilerApi \
+      --capture-range-end=stop --trace=cuda,nvtx -o "$OUT/pagedllm-steps" --force-overwrite true \
+      "$PY" -m pagedllm bench --device cuda --num-prompts 16 --input-len 64 --output-len 32 \
+      --no-progress --profile-cuda-steps 10:15 --profile-layers
+    step nsys_stats 120 nsys.log nsys stats --report nvtx_sum "$OUT/pagedllm-steps.nsys-rep"
+  fi
   step bench 240 bench.log "$PY" benchmarks/gpu/bench_cuda_attention.py --out "$OUT/bench.json"
   step engine_bench 240 bench.log "$PY" benchmarks/gpu/bench_gpu_engine.py --quick \
     --out "$OUT/engine_bench.json"

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from engine_fixtures import assert_pool_clean, engine_model_dir, greedy, mixed_prompts, tok  # noqa: F401
+from engine_fixtures import engine_model_dir  # noqa: F401
+from engine_fixtures import assert_pool_clean, greedy, mixed_prompts, tok
 from pagedllm import LLM, SamplingParams
 from pagedllm.config import EngineConfig
 from pagedllm.engine import profile_windows, tracing
@@ -193,7 +194,8 @@ class FakeProfiler:
 
 def test_nvtx_is_off_on_the_cpu(engine_model_dir, tmp_path):
     assert tracing.nvtx_module(False) is None
-    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64, profile_trace=str(tmp_path / "t.json"))
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=64,
+              profile_trace=str(tmp_path / "t.json"))
     assert llm.engine.tracer.recorder.nvtx is None
     assert llm.engine.executor.worker.model_runner.recorder is llm.engine.tracer.recorder
     llm.stop_trace()

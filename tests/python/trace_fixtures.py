@@ -48,7 +48,8 @@ def assert_step_structure(events, layers: bool, numerics: bool = False, num_laye
     full = 0
     for s in steps:
         names = [e["name"] for e in children(s, events)]
-        expected = ["schedule", "execute"] + (["numerics"] if numerics else []) + ["sample", "update"]
+        expected = (["schedule", "execute"] + (["numerics"] if numerics else [])
+                    + ["sample", "update"])
         assert names in (expected, ["schedule"]), names
         if names == ["schedule"]:
             continue

@@ -24,7 +24,8 @@ metrics (--metric, repeatable or comma-separated; default: all):
 examples:
   pagedllm monitor --metric=cache_usage
   pagedllm monitor --url http://10.0.0.5:8000 --metric running,waiting,gen_throughput --interval 2
-  pagedllm generate --stats-file run.prom --file prompts.txt &  pagedllm monitor --stats-file run.prom
+  pagedllm generate --stats-file run.prom --file prompts.txt &
+  pagedllm monitor --stats-file run.prom
 """
 
 from __future__ import annotations

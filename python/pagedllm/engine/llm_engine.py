@@ -26,12 +26,12 @@ import torch
 from pagedllm import _core
 from pagedllm.config import EngineConfig
 from pagedllm.engine import kv_diagnostics, tracing
-from pagedllm.engine.numerics import NumericsChecker
-from pagedllm.engine.trace_options import TraceOptions
 from pagedllm.engine.executor import Executor, ExecutorDeadError, make_executor
+from pagedllm.engine.numerics import NumericsChecker
 from pagedllm.engine.sampler import Sampler
 from pagedllm.engine.scheduler import Scheduler, SchedulerOutput
 from pagedllm.engine.sequence import Request
+from pagedllm.engine.trace_options import TraceOptions
 from pagedllm.model.generation_config import read_generation_defaults
 from pagedllm.multimodal.engine_inputs import EngineImages, images_of
 from pagedllm.multimodal.limits import MultiModalLimits

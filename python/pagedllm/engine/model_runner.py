@@ -6,7 +6,9 @@ pinned staging buffers with non-blocking copies; AttentionMetadata checks the va
 host copy, so nothing waits on the device), one forward over the packed new tokens of every
 scheduled sequence, then logits only for the rows that are needed (the last token of every sequence whose known
 tokens are now all computed, plus the prompt rows of sequences that asked for prompt logprobs),
-copied to the host for sampling.
+copied to the host for sampling. With check_numerics, a probe sums each layer's output rows
+during the forward and is checked once the logits are on the host (engine/layer_probe.py); with a
+trace, prepare_inputs / forward / logits spans (engine/tracing.py).
 """
 
 from __future__ import annotations

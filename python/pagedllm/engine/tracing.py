@@ -20,7 +20,8 @@ only with profile_layers, `detokenize` only when the model has a tokenizer):
 
 The hot path: `begin` is one perf_counter_ns() (plus an NVTX push on CUDA), `end` one more and
 one tuple appended to a list; no dict, no string formatting. Events reach the file
-(engine/trace_writer.py) in batches of FLUSH_EVENTS, and at stop. Times are host times: on a
+(engine/trace_writer.py) in batches, at the end of a step that filled FLUSH_EVENTS or came
+FLUSH_INTERVAL_NS after the last batch, and at stop. Times are host times: on a
 GPU, `forward` is the launch of its kernels and `logits` includes waiting for them (the NVTX
 ranges in an nsys timeline show the device side).
 """
@@ -41,7 +42,8 @@ logger = logging.getLogger("pagedllm")
 
 STEP_SPANS = ("schedule", "execute", "sample", "update")  # the engine's spans, in step order
 WORKER_SPANS = ("prepare_inputs", "forward", "logits")    # inside execute, in order
-FLUSH_EVENTS = 4096
+FLUSH_EVENTS = 4096  # a batch written to the file at the end of a step, or when
+FLUSH_INTERVAL_NS = 1_000_000_000  # this long has passed since the last write (a quiet server)
 
 
 def nvtx_module(on_cuda: bool):
@@ -202,6 +204,7 @@ class StepTracer:
         self.clock = DetokenizeClock()
         self.writer = (ChromeTraceWriter(options.path, perf_counter_ns())
                        if options.path is not None else None)
+        self._flushed_at = perf_counter_ns()
         self.torch_window = None
         if options.torch_steps is not None:
             self.torch_window = TorchProfilerWindow(options.torch_steps,
@@ -239,8 +242,10 @@ class StepTracer:
         for w in reversed(self._windows):
             w.after_step(self.step)
         self.step += 1
-        if self.writer is not None and len(rec.events) >= FLUSH_EVENTS:
+        if self.writer is not None and (len(rec.events) >= FLUSH_EVENTS or
+                                        perf_counter_ns() - self._flushed_at >= FLUSH_INTERVAL_NS):
             self.writer.write(rec.drain())
+            self._flushed_at = perf_counter_ns()
 
     def close(self) -> List[str]:
         """Closes the windows and writes what is buffered; the paths written."""
