@@ -73,6 +73,7 @@ def bench_model(preset: str, rounds: int, threads: int, quick: bool) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
     kw = dict(block_size=16, num_kv_blocks=2048, enable_prefix_caching=False, num_threads=threads)
     off = LLM(path, **kw)
+    steps_before = off.engine.num_steps
     checked = LLM(path, check_numerics="fail", **kw)
     tmp = tempfile.mkdtemp(prefix="pagedllm-trace-cost-")
     trace = os.path.join(tmp, "t.json")
@@ -82,6 +83,8 @@ def bench_model(preset: str, rounds: int, threads: int, quick: bool) -> dict:
         "trace": lambda: run_once(off, reqs, params, trace),
         "layers": lambda: run_once(off, reqs, params, trace, layers=True),
     }
+    runs["off"]()
+    steps_per_run = off.engine.num_steps - steps_before
     for fn in runs.values():  # warm-up: first-call costs (oneDNN, allocator) out of the rounds
         fn()
     times = {m: [] for m in MODES}
@@ -97,7 +100,8 @@ def bench_model(preset: str, rounds: int, threads: int, quick: bool) -> dict:
     result = {"preset": preset, "prompts": n, "prompt_len": [lo, hi], "output_len": out_len,
               "generated_tokens": n * out_len, "rounds": rounds, "threads": threads,
               "load_avg_1m": [round(x, 2) for x in loads], "spans_per_layers_run": spans_per_run,
-              "modes": {}}
+              "steps_per_run": steps_per_run,
+              "numerics_cost_us_per_decode_step": numerics_cost_us(preset, n), "modes": {}}
     for mode in MODES:
         entry = {}
         for k, kind in enumerate(("cpu", "wall")):
@@ -128,6 +132,35 @@ def span_cost_ns(n: int = 200_000) -> dict:
                 rec.drain()
         out[label] = round(statistics.median(batches), 1)
     return out
+
+
+def numerics_cost_us(preset: str, rows: int, n: int = 2000) -> float:
+    """CPU us per decode step of the numeric check alone: the probe's reductions over
+    rows x hidden for every layer, its check, and the logits check of rows x vocab (median of
+    5 batches of n)."""
+    import torch
+
+    from pagedllm.engine.layer_probe import NumericsProbe
+    from pagedllm.engine.numerics import nonfinite_logit_rows
+    from pagedllm.model.checkpoint import random_config
+
+    cfg = random_config(preset)
+    layers = cfg.num_hidden_layers
+    probe = NumericsProbe(layers, torch.device("cpu"))
+    x = torch.randn(rows, cfg.hidden_size)
+    logits = torch.randn(rows, cfg.vocab_size)
+    batches = []
+    with torch.inference_mode():
+        for _ in range(5):
+            c0 = time.process_time()
+            for _ in range(n):
+                probe.start(rows)
+                for i in range(-1, layers):
+                    probe.after_layer(i, x)
+                probe.faults(x)
+                nonfinite_logit_rows(logits)
+            batches.append((time.process_time() - c0) / n * 1e6)
+    return round(statistics.median(batches), 1)
 
 
 def table(results: list) -> str:
@@ -161,6 +194,13 @@ def main(argv=None) -> int:
         json.dump(payload, f, indent=2)
     print(table(results))
     print(f"CPU ns per span: {payload['span_cost_ns']}")
+    for res in results:
+        step_us = res["modes"]["off"]["cpu"]["median_s"] / res["steps_per_run"] * 1e6
+        spans = res["spans_per_layers_run"] / res["steps_per_run"]
+        print(f"{res['preset']}: {res['steps_per_run']} steps per run, {step_us:.0f} CPU us per "
+              f"step; {spans:.1f} spans per step with layers "
+              f"(~{spans * payload['span_cost_ns']['recorded'] / 1000:.1f} us); numeric check "
+              f"{res['numerics_cost_us_per_decode_step']} us per decode step")
     return 0
 
 

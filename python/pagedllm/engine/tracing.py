@@ -29,7 +29,7 @@ ranges in an nsys timeline show the device side).
 from __future__ import annotations
 
 import logging
-import threading
+from threading import get_ident
 from time import perf_counter_ns
 from typing import List, Optional
 
@@ -89,17 +89,29 @@ NULL_RECORDER = NullRecorder()
 
 
 class _Span:
+    """`with recorder.span(name):` -- SpanRecorder.begin/end inlined (the hot path)."""
+
     __slots__ = ("rec", "name", "args", "cat", "t0")
 
     def __init__(self, rec, name, args, cat):
         self.rec, self.name, self.args, self.cat = rec, name, args, cat
 
     def __enter__(self):
-        self.t0 = self.rec.begin(self.name)
+        rec = self.rec
+        if rec.nvtx is not None:
+            rec.nvtx.range_push(self.name)
+            rec.depth += 1
+        self.t0 = perf_counter_ns()
         return self
 
     def __exit__(self, *exc) -> bool:
-        self.rec.end(self.name, self.t0, self.args, self.cat)
+        t1 = perf_counter_ns()
+        rec = self.rec
+        if rec.record:
+            rec.events.append((self.name, self.cat, self.t0, t1, get_ident(), self.args))
+        if rec.nvtx is not None:
+            rec.nvtx.range_pop()
+            rec.depth -= 1
         return False
 
 
@@ -130,7 +142,7 @@ class SpanRecorder:
         """Closes the span `begin(name)` opened at t0."""
         t1 = perf_counter_ns()
         if self.record:
-            self.events.append((name, cat, t0, t1, threading.get_ident(), args))
+            self.events.append((name, cat, t0, t1, get_ident(), args))
         if self.nvtx is not None:
             self.nvtx.range_pop()
             self.depth -= 1
@@ -143,7 +155,7 @@ class SpanRecorder:
             cat: str = "engine") -> None:
         """Records a span measured elsewhere (no NVTX range)."""
         if self.record:
-            self.events.append((name, cat, t0, t1, threading.get_ident(), args))
+            self.events.append((name, cat, t0, t1, get_ident(), args))
 
     def unwind(self, depth: int) -> None:
         """Pops NVTX ranges left open by an exception, down to `depth`."""
