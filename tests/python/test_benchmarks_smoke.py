@@ -237,3 +237,19 @@ def test_vllm_peer_reports_a_missing_venv(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_VENV", str(tmp_path / "no-venv"))
     with pytest.raises(PeerUnavailable, match="no venv at"):
         vllm_python(build=False)
+
+
+def test_diagnostics_cost_quick(bench_env, tmp_path):
+    from benchmarks import bench_diagnostics_cost
+
+    out = tmp_path / "diag.json"
+    assert bench_diagnostics_cost.main(["--quick", "--rounds", "1", "--models", "tiny",
+                                        "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    (res,) = data["results"]
+    assert set(res["modes"]) == {"off", "numerics", "trace", "layers"}
+    assert res["steps_per_run"] > 0 and res["numerics_cost_us_per_decode_step"] > 0
+    # With layers, every full step holds the engine's and the worker's spans plus 4 layers.
+    assert res["spans_per_layers_run"] >= res["steps_per_run"] * 4
+    assert all(len(m["cpu"]["runs_s"]) == 1 for m in res["modes"].values())
+    assert data["span_cost_ns"]["recorded"] > 0
