@@ -37,6 +37,30 @@ def test_trace_spans_are_present_ordered_and_nested(engine_model_dir, tmp_path):
     assert_pool_clean(llm)
 
 
+def test_swap_transfers_are_traced_with_their_blocks_and_change_no_token(engine_model_dir,
+                                                                          tmp_path):
+    # 22 blocks of 4 tokens for 24 requests of up to 82 tokens: victims are swapped out and in.
+    prompts = mixed_prompts(24, seed=11)
+    kw = dict(block_size=4, num_kv_blocks=22, max_num_batched_tokens=64, max_num_seqs=24,
+              watermark=0.0, preemption_mode="swap", swap_space=0.01)
+    plain = LLM(engine_model_dir, **kw).generate(tok(prompts), greedy(6), use_tqdm=False)
+    path = tmp_path / "swap.json"
+    llm = LLM(engine_model_dir, profile_trace=str(path), **kw)
+    outs = llm.generate(tok(prompts), greedy(6), use_tqdm=False)
+    llm.stop_trace()
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    events = spans(path)
+    assert_properly_nested(events)
+    assert_step_structure(events, layers=False)
+    stats = llm.kv_cache_stats()
+    moved = {name: sum(e["args"]["blocks"] for e in events if e["name"] == name)
+             for name in ("kv.swap_out", "kv.swap_in")}
+    assert moved["kv.swap_in"] > 0 and moved["kv.swap_out"] >= moved["kv.swap_in"]
+    assert stats["num_swap_outs"] > 0
+    assert all(e["args"]["us_per_block"] >= 0 for e in events if e["name"].startswith("kv."))
+    assert_pool_clean(llm)
+
+
 def test_trace_without_layers_and_file_valid_after_every_flush(engine_model_dir, tmp_path,
                                                                 monkeypatch):
     monkeypatch.setattr(tracing, "FLUSH_EVENTS", 8)

@@ -84,6 +84,10 @@ class NullRecorder:
     def span(self, name: str, args: Optional[dict] = None, cat: str = "engine"):
         return NULL_SPAN
 
+    def add(self, name: str, t0: int, t1: int, args: Optional[dict] = None,
+            cat: str = "engine") -> None:
+        pass
+
 
 NULL_RECORDER = NullRecorder()
 
