@@ -61,6 +61,28 @@ def test_swap_transfers_are_traced_with_their_blocks_and_change_no_token(engine_
     assert_pool_clean(llm)
 
 
+def test_persistent_tier_loads_and_stores_are_traced(engine_model_dir, tmp_path):
+    prompts = mixed_prompts(3, seed=21, lo=40, hi=60)
+    kw = dict(block_size=8, num_kv_blocks=256, persistence={"storage_path": str(tmp_path / "kv")})
+    cold = LLM(engine_model_dir, profile_trace=str(tmp_path / "cold.json"), **kw)
+    cold.generate(tok(prompts), greedy(4), use_tqdm=False)
+    cold.close()  # writes the trace; queued stores reach the disk
+    events = spans(tmp_path / "cold.json")
+    stores = [e for e in events if e["name"] == "kv.store"]
+    full_blocks = sum(len(p) // 8 for p in prompts)
+    assert sum(e["args"]["blocks"] for e in stores) == full_blocks
+    main_tid = next(e["tid"] for e in events if e["name"] == "step")
+    assert all(e["tid"] != main_tid for e in stores)  # on the transfer thread
+    assert_properly_nested(events)
+    warm = LLM(engine_model_dir, profile_trace=str(tmp_path / "warm.json"), **kw)
+    warm.generate(tok(prompts), greedy(4), use_tqdm=False)
+    warm.close()
+    events = spans(tmp_path / "warm.json")
+    loads = [e for e in events if e["name"] == "kv.load"]
+    assert loads and sum(e["args"]["blocks"] for e in loads) >= len(prompts)
+    assert_step_structure(events, layers=False)  # the loads sit inside execute, before inputs
+
+
 def test_trace_without_layers_and_file_valid_after_every_flush(engine_model_dir, tmp_path,
                                                                 monkeypatch):
     monkeypatch.setattr(tracing, "FLUSH_EVENTS", 8)

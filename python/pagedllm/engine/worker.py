@@ -179,6 +179,7 @@ class Worker:
     def set_tracing(self, recorder, layers: bool) -> None:
         """Records this worker's spans (transfers, inputs, forward, layers, logits) into
         `recorder` (engine/tracing.py); None stops."""
+        self.transfer.join()  # transfers in flight (stores) record into the old recorder
         self.transfer.recorder = recorder or NULL_RECORDER
         self.model_runner.set_tracing(recorder, layers)
 
