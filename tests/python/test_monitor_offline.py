@@ -84,3 +84,17 @@ def test_monitor_says_it_needs_a_server_or_a_stats_file(capsys, tmp_path):
     code = cli.main(["generate", "--quiet", "--stats-file", str(tmp_path / "no" / "x"), "Hi"])
     _, err = capsys.readouterr()
     assert code == 2 and "fix --stats-file" in err, err
+
+
+def test_bench_stats_file(capsys, tmp_path):
+    from pagedllm import cli
+
+    path = tmp_path / "bench.prom"
+    code = cli.main(["bench", "--num-threads", "1", "--num-kv-blocks", "64", "--num-prompts", "3",
+                     "--input-len", "8", "--output-len", "4", "--no-progress", "--stats-file",
+                     str(path)])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    _, samples = read_stats_file(str(path))
+    assert samples[P + "generation_tokens_total"] == 12
+    assert samples[P + "request_success_total{finished_reason=length}"] == 3

@@ -24,6 +24,7 @@ from typing import Dict, List
 
 from pagedllm.commands.bench_workload import (BenchRequest, assign_arrivals, from_file,
                                               percentiles, synthetic)
+from pagedllm.commands.stats_file import add_stats_file_arg, open_stats_file
 from pagedllm.engine.llm_engine import without_request_id
 from pagedllm.commands.common import (UsageError, add_engine_args, add_trace_arg, build_engine,
                                       engine_config, positive_int, report_trace,
@@ -54,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_stats_file_arg(o)
     add_trace_arg(o)
     add_engine_args(p)
 
@@ -91,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     engine = build_engine(config)
     reqs = _workload(args, engine)
     start_trace(engine, args)
+    stats = open_stats_file(engine, args)
     samples: List[tuple] = []
     engine.on_step = lambda s: samples.append((s["used_blocks"] / max(1, s["num_blocks"]),
                                                s["utilization"]))
@@ -116,13 +119,18 @@ def run(args: argparse.Namespace) -> int:
             if not engine.has_unfinished_requests():
                 time.sleep(max(0.0, reqs[nxt].arrival - (time.monotonic() - start)))
                 continue
-            for out in engine.step():
+            outs = engine.step()
+            for out in outs:
                 if out.finished:
                     finished[out.request_id] = out
                     bar.update(1)
+            if stats is not None:
+                stats.after_step(outs)
     finally:
         bar.close()
         traces = engine.stop_trace()
+        if stats is not None:
+            stats.write()
     duration = time.monotonic() - start
     report_trace(traces)
     results = summarize(list(finished.values()), duration, samples, engine.kv_cache_stats())

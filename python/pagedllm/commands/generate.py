@@ -25,6 +25,7 @@ from pagedllm.commands.common import (UsageError, add_engine_args, add_trace_arg
                                       engine_config, positive_int, report_trace,
                                       start_trace)
 from pagedllm.commands.report import kv_summary
+from pagedllm.commands.stats_file import add_stats_file_arg, open_stats_file
 from pagedllm.streaming import ChoiceTracker, holdback_for
 
 NAME = "generate"
@@ -56,9 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--no-echo", action="store_true", help="print only the generated text")
     o.add_argument("--quiet", action="store_true", help="no throughput / KV figures at the end")
-    o.add_argument("--stats-file", metavar="FILE",
-                   help="keep the run's /metrics figures in FILE (rewritten every second and at "
-                        "the end), for `pagedllm monitor --stats-file FILE`")
+    add_stats_file_arg(o)
     add_trace_arg(o)
     add_engine_args(p)
 
@@ -165,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     _sampling_params(SamplingParams, given)  # bad flags fail before the model loads
     engine = build_engine(config)
     start_trace(engine, args)
-    stats = _stats_writer(engine, args.stats_file)
+    stats = open_stats_file(engine, args)
     defaults = {"max_tokens": DEFAULT_MAX_TOKENS, **engine.generation_defaults()}
     params = _sampling_params(SamplingParams, {**defaults, **given})
     usage: List[float] = []
@@ -195,21 +194,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         _report(engine, len(prompts), elapsed, first_token - start if first_token else None, usage)
     return 0
-
-
-def _stats_writer(engine, path: Optional[str]):
-    """The --stats-file writer (None without the flag)."""
-    if not path:
-        return None
-    import os
-
-    from pagedllm.commands.stats_file import StatsFileWriter
-
-    name = os.path.basename(os.path.normpath(engine.model_path))  # the server's default name
-    try:
-        return StatsFileWriter(engine, path, name)
-    except (ValueError, OSError) as e:
-        raise UsageError(f"{e} (fix --stats-file)") from None
 
 
 def _sampling_params(cls, fields: dict):

@@ -1,4 +1,5 @@
-"""The figures of an offline run for `pagedllm monitor --stats-file` (`generate --stats-file`).
+"""The figures of an offline run for `pagedllm monitor --stats-file` (`generate --stats-file`,
+`bench --stats-file`).
 
 The file holds exactly what a server's /metrics would (pagedllm.metrics: the same names,
 gauges, counters and latency histograms), in the Prometheus text format, replaced atomically
@@ -8,11 +9,36 @@ its end, so a monitor reading it never sees half a file.
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
-from pagedllm.metrics import EngineMetrics
+from pagedllm.commands.common import UsageError
+
+
+def add_stats_file_arg(parser) -> None:
+    """--stats-file FILE (generate, bench)."""
+    parser.add_argument("--stats-file", metavar="FILE",
+                        help="keep the run's /metrics figures in FILE (rewritten every second "
+                             "and at the end), for `pagedllm monitor --stats-file FILE`")
+
+
+def open_stats_file(engine, args: argparse.Namespace) -> Optional["StatsFileWriter"]:
+    """The --stats-file writer of an engine (None without the flag); the model_name label is
+    the checkpoint directory's name, as the server's default.
+
+    Raises:
+        UsageError: the file cannot be written (names --stats-file).
+    """
+    path = getattr(args, "stats_file", None)
+    if not path:
+        return None
+    name = os.path.basename(os.path.normpath(engine.model_path))
+    try:
+        return StatsFileWriter(engine, path, name)
+    except (ValueError, OSError) as e:
+        raise UsageError(f"{e} (fix --stats-file)") from None
 
 
 class StatsFileWriter:
@@ -31,6 +57,8 @@ class StatsFileWriter:
         directory = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(directory):
             raise ValueError(f"stats file {path!r}: directory {directory!r} does not exist")
+        from pagedllm.metrics import EngineMetrics  # prometheus_client: only when used
+
         self.engine = engine
         self.path = path
         self.interval_s = interval_s
