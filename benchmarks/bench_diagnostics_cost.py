@@ -7,7 +7,8 @@ every round computes the same) runs under each mode, the modes interleaved round
 process (the machine is shared: interleaving spreads the load over all modes alike):
 
   off        the engine with check_numerics="off", no trace
-  numerics   a second engine with check_numerics="fail"
+  control    a second engine like "off" (the difference two engine instances make alone)
+  numerics   a third engine with check_numerics="fail"
   trace      the "off" engine with start_trace(FILE) around the run (the file written included)
   layers     the same with layers=True (a span per decoder layer)
 
@@ -36,7 +37,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks import common  # noqa: E402
 
-MODES = ("off", "numerics", "trace", "layers")
+MODES = ("off", "control", "numerics", "trace", "layers")
 # preset -> (prompts, prompt length range, output tokens)
 WORKLOADS = {"tiny": (32, (16, 128), 128), "small": (8, (32, 96), 32)}
 QUICK = {"tiny": (4, (8, 16), 8), "small": (2, (8, 16), 4)}
@@ -74,11 +75,13 @@ def bench_model(preset: str, rounds: int, threads: int, quick: bool) -> dict:
     kw = dict(block_size=16, num_kv_blocks=2048, enable_prefix_caching=False, num_threads=threads)
     off = LLM(path, **kw)
     steps_before = off.engine.num_steps
+    control = LLM(path, **kw)
     checked = LLM(path, check_numerics="fail", **kw)
     tmp = tempfile.mkdtemp(prefix="pagedllm-trace-cost-")
     trace = os.path.join(tmp, "t.json")
     runs = {
         "off": lambda: run_once(off, reqs, params),
+        "control": lambda: run_once(control, reqs, params),
         "numerics": lambda: run_once(checked, reqs, params),
         "trace": lambda: run_once(off, reqs, params, trace),
         "layers": lambda: run_once(off, reqs, params, trace, layers=True),
@@ -115,8 +118,9 @@ def bench_model(preset: str, rounds: int, threads: int, quick: bool) -> dict:
 
 
 def span_cost_ns(n: int = 200_000) -> dict:
-    """CPU ns per recorded span (`with recorder.span(...)`) and per untraced one
-    (NULL_RECORDER), the median of 5 batches of n."""
+    """CPU ns per recorded span (`with recorder.span(...)`), per untraced one (NULL_RECORDER)
+    and per span written to the file (ChromeTraceWriter), medians of 5 batches of n."""
+    from pagedllm.engine.trace_writer import ChromeTraceWriter
     from pagedllm.engine.tracing import NULL_RECORDER, SpanRecorder
 
     out = {}
@@ -131,6 +135,19 @@ def span_cost_ns(n: int = 200_000) -> dict:
             if label == "recorded":
                 rec.drain()
         out[label] = round(statistics.median(batches), 1)
+    rec = SpanRecorder(record=True)
+    for _ in range(n // 10):
+        with rec.span("forward"):
+            pass
+    events = rec.drain()
+    writer = ChromeTraceWriter(os.path.join(tempfile.mkdtemp(), "w.json"), time.perf_counter_ns())
+    batches = []
+    for _ in range(5):
+        c0 = time.process_time()
+        writer.write(events)
+        batches.append((time.process_time() - c0) / len(events) * 1e9)
+    writer.close()
+    out["written"] = round(statistics.median(batches), 1)
     return out
 
 
@@ -197,9 +214,10 @@ def main(argv=None) -> int:
     for res in results:
         step_us = res["modes"]["off"]["cpu"]["median_s"] / res["steps_per_run"] * 1e6
         spans = res["spans_per_layers_run"] / res["steps_per_run"]
+        per_span = payload["span_cost_ns"]["recorded"] + payload["span_cost_ns"]["written"]
         print(f"{res['preset']}: {res['steps_per_run']} steps per run, {step_us:.0f} CPU us per "
               f"step; {spans:.1f} spans per step with layers "
-              f"(~{spans * payload['span_cost_ns']['recorded'] / 1000:.1f} us); numeric check "
+              f"(~{spans * per_span / 1000:.1f} us recorded and written); numeric check "
               f"{res['numerics_cost_us_per_decode_step']} us per decode step")
     return 0
 

@@ -247,7 +247,7 @@ def test_diagnostics_cost_quick(bench_env, tmp_path):
                                         "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     (res,) = data["results"]
-    assert set(res["modes"]) == {"off", "numerics", "trace", "layers"}
+    assert set(res["modes"]) == {"off", "control", "numerics", "trace", "layers"}
     assert res["steps_per_run"] > 0 and res["numerics_cost_us_per_decode_step"] > 0
     # With layers, every full step holds the engine's and the worker's spans plus 4 layers.
     assert res["spans_per_layers_run"] >= res["steps_per_run"] * 4

@@ -69,10 +69,11 @@ def test_trace_nvtx_and_cuda_profiler_window_on_the_gpu(gpu_model_dir, tmp_path,
 def test_per_layer_probe_on_the_gpu_fails_one_request(gpu_model_dir):
     prompts = mixed_prompts(3, seed=2, lo=10, hi=30)
     prompts[1][12] = MARK
-    ref = LLM(gpu_model_dir, device="cuda", block_size=16, num_kv_blocks=64)
+    # float32: the failed request leaves smaller batches, whose matmuls may round differently
+    ref = LLM(gpu_model_dir, device="cuda", dtype="float32", block_size=16, num_kv_blocks=64)
     expected = [o.outputs[0].token_ids for o in ref.generate(tok(prompts), greedy(5),
                                                              use_tqdm=False)]
-    llm = LLM(gpu_model_dir, device="cuda", block_size=16, num_kv_blocks=64,
+    llm = LLM(gpu_model_dir, device="cuda", dtype="float32", block_size=16, num_kv_blocks=64,
               check_numerics="fail")
     model = llm.engine.executor.worker.model
     seen = {}
