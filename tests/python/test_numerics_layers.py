@@ -146,3 +146,20 @@ def test_a_fault_the_logits_never_show_is_found_only_per_layer(engine_model_dir,
     assert f"request {outs[1].request_id}" in warned[0]
     assert [o.outputs[0].finish_reason for o in outs] == ["length"] * 4
     assert_pool_clean(warn)
+
+
+def test_layer_faults_cross_the_tensor_parallel_reply():
+    """Rank 0's reply carries the probe's findings to the engine (pickled, as the pipe does)."""
+    import pickle
+
+    from pagedllm.engine.model_runner import ModelOutput
+    from pagedllm.engine.numerics import LayerFaults
+    from pagedllm.engine.tp_worker import decode_output, encode_output
+
+    faults = LayerFaults(rows=[3, 7], layers=[EMBEDDINGS, 2])
+    logits = torch.zeros(2, 5)
+    out = decode_output(pickle.loads(pickle.dumps(encode_output(
+        ModelOutput(logits, {}, faults)))))
+    assert out.layer_faults == faults
+    torch.testing.assert_close(out.logits, logits)
+    assert decode_output(encode_output(ModelOutput(None, {}))).layer_faults is None

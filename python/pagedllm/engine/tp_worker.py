@@ -31,21 +31,22 @@ GROUP_TIMEOUT_S = 600.0
 
 
 def encode_output(result: ModelOutput) -> tuple:
-    """A ModelOutput as numpy arrays (logits float32 [n, vocab] or None, {i: [rows, vocab]})."""
+    """A ModelOutput as numpy arrays (logits float32 [n, vocab] or None, {i: [rows, vocab]}),
+    plus its layer_faults (check_numerics: plain lists, or None)."""
     logits = None if result.logits is None else result.logits.numpy()
-    return logits, {i: t.numpy() for i, t in result.prompt_logits.items()}
+    return logits, {i: t.numpy() for i, t in result.prompt_logits.items()}, result.layer_faults
 
 
 def decode_output(data: tuple) -> ModelOutput:
     """encode_output's inverse (tensors share the arrays' memory, unless they are read-only,
     as Ray's zero-copy arrays are: those are copied)."""
-    logits, prompt = data
+    logits, prompt, faults = data
 
     def tensor(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.require(a, requirements="W"))
 
     return ModelOutput(None if logits is None else tensor(logits),
-                       {i: tensor(a) for i, a in prompt.items()})
+                       {i: tensor(a) for i, a in prompt.items()}, faults)
 
 
 def error_reply(e: BaseException) -> Reply:
