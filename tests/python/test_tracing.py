@@ -134,7 +134,8 @@ def test_step_window_and_option_errors(engine_model_dir, tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         llm.start_trace(str(tmp_path / "no" / "such" / "t.json"))
     with pytest.raises(ValueError, match="device='cuda'"):
-        llm.start_trace(cuda_steps="0:2")
+        llm.start_trace(str(tmp_path / "c.json"), cuda_steps="0:2")
+    assert not (tmp_path / "c.json").exists()  # refused before anything was written
     with pytest.raises(ValueError, match="nothing to record"):
         llm.start_trace()
     assert llm.engine.tracer is None  # a refused start leaves nothing armed

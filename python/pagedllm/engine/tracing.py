@@ -218,23 +218,21 @@ class StepTracer:
         self.step = 0
         self.recorder = SpanRecorder(record=options.path is not None, nvtx=nvtx_module(on_cuda))
         self.clock = DetokenizeClock()
-        self.writer = (ChromeTraceWriter(options.path, perf_counter_ns())
-                       if options.path is not None else None)
-        self._flushed_at = perf_counter_ns()
-        self.torch_window = None
-        if options.torch_steps is not None:
-            self.torch_window = TorchProfilerWindow(options.torch_steps,
-                                                    options.torch_trace_path, on_cuda)
         self.cuda_window = None
         if options.cuda_steps is not None:
             profiler = cuda_profiler_module() if on_cuda else None
             if profiler is None or self.recorder.nvtx is None:
-                if self.writer is not None:
-                    self.writer.close()
                 raise ValueError("profile_cuda_steps needs the engine on a CUDA device "
                                  "(device='cuda')")
             self.cuda_window = CudaProfilerWindow(options.cuda_steps, profiler,
                                                   synchronize or (lambda: None))
+        self.torch_window = None
+        if options.torch_steps is not None:
+            self.torch_window = TorchProfilerWindow(options.torch_steps,
+                                                    options.torch_trace_path, on_cuda)
+        self.writer = (ChromeTraceWriter(options.path, perf_counter_ns())
+                       if options.path is not None else None)
+        self._flushed_at = perf_counter_ns()
         self._windows = [w for w in (self.cuda_window, self.torch_window) if w is not None]
 
     @property
