@@ -143,6 +143,30 @@ def test_step_window_and_option_errors(engine_model_dir, tmp_path):
         LLM(engine_model_dir, block_size=4, num_kv_blocks=64, profile_cuda_steps="5")
 
 
+@pytest.mark.parametrize("command", ["generate", "serve", "bench"])
+def test_every_command_takes_the_profile_flags(command):
+    from pagedllm.cli import build_parser
+    from pagedllm.commands.common import start_trace
+
+    args = build_parser().parse_args([command, "--profile-trace", "t.json", "--profile-layers",
+                                      "--profile-torch-steps", "2:4", "--profile-cuda-steps",
+                                      "5:6"] + (["x"] if command == "generate" else []))
+    got = {}
+
+    class Engine:
+        def start_trace(self, **options):
+            got.update(options)
+    start_trace(Engine(), args)
+    assert got == dict(path="t.json", layers=True, torch_steps="2:4", cuda_steps="5:6")
+    alias = build_parser().parse_args([command, "--trace", "a.json"]
+                                      + (["x"] if command == "generate" else []))
+    assert alias.trace == "a.json"
+    got.clear()
+    start_trace(Engine(), build_parser().parse_args([command] + (["x"] if command == "generate"
+                                                                 else [])))
+    assert got == {}  # no flag: no trace
+
+
 def test_cli_profile_flag_errors_name_the_flag(capsys, tmp_path):
     from pagedllm import cli
 
