@@ -37,11 +37,13 @@ class _Window:
         self.done = False
 
     def before_step(self, step: int) -> None:
+        """Opens the window if `step` is inside it (once)."""
         if not self.done and not self.is_open and self.start <= step < self.end:
             self._open(step)
             self.is_open = True
 
     def after_step(self, step: int) -> None:
+        """Closes the window after its last step."""
         if self.is_open and step >= self.end - 1:
             self.close()
 
