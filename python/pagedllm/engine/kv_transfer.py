@@ -178,7 +178,8 @@ class KVTransferEngine:
                 self.sink(self.kv_cache.pool[block], key)
 
     def _swap_out_async(self, pairs: np.ndarray) -> None:
-        # On the transfer thread: no NVTX range (ranges are per thread; a bare span).
+        # On the transfer thread (CPU only): a bare span; the recorder's NVTX depth belongs to
+        # the step's thread.
         t0 = perf_counter_ns()
         self.host_pool.swap_out(pairs)
         self.recorder.add("kv.swap_out", t0, perf_counter_ns(), {"blocks": len(pairs)},
