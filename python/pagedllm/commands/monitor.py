@@ -253,7 +253,11 @@ def run(args: argparse.Namespace) -> int:
     while True:
         try:
             cur = snapshot()
-            lines = render(source, views, cur, prev)
+            label = source
+            if args.stats_file:
+                written = time.strftime("%H:%M:%S", time.localtime(cur[0]))
+                label += f", an offline run written at {written}"
+            lines = render(label, views, cur, prev)
         except CliError as e:
             if prev is None:
                 raise
