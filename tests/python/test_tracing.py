@@ -83,6 +83,31 @@ def test_persistent_tier_loads_and_stores_are_traced(engine_model_dir, tmp_path)
     assert_step_structure(events, layers=False)  # the loads sit inside execute, before inputs
 
 
+def test_llava_steps_are_traced_and_checked_per_layer(tmp_path):
+    """An image prompt under a trace with layers and check_numerics: the encoder span sits
+    before the forward, the decoder's layers are spanned and probed, the tokens do not move."""
+    from mm_fixtures import IMAGE_TOKEN, random_image, text_prompt, write_tiny_llava
+
+    path = write_tiny_llava(str(tmp_path / "llava"))
+    prompts = [{"prompt_token_ids": text_prompt(4, 1) + [IMAGE_TOKEN] + text_prompt(3, 2),
+                "multi_modal_data": {"image": [random_image(1)]}},
+               {"prompt_token_ids": text_prompt(9, 3)}]
+    plain = LLM(path, num_kv_blocks=128, block_size=4).generate(prompts, greedy(4),
+                                                                use_tqdm=False)
+    trace = tmp_path / "llava.json"
+    llm = LLM(path, num_kv_blocks=128, block_size=4, profile_trace=str(trace),
+              profile_layers=True, check_numerics="fail")
+    outs = llm.generate(prompts, greedy(4), use_tqdm=False)
+    llm.stop_trace()
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    events = spans(trace)
+    assert_properly_nested(events)
+    assert_step_structure(events, layers=True, numerics=True)
+    assert sum(e["name"] == "encoder" for e in events) == 1
+    assert llm.kv_cache_stats()["num_numeric_errors"] == 0
+    assert_pool_clean(llm)
+
+
 def test_trace_without_layers_and_file_valid_after_every_flush(engine_model_dir, tmp_path,
                                                                 monkeypatch):
     monkeypatch.setattr(tracing, "FLUSH_EVENTS", 8)

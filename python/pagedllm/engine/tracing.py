@@ -9,6 +9,7 @@ only with profile_layers, `detokenize` only when the model has a tokenizer):
       execute                 the executor call
         kv.swap_out | kv.swap_in | kv.load | kv.copy    args: blocks (+ us_per_block)
         prepare_inputs        the step's arrays as device tensors, attention metadata
+        encoder               the image encoder (steps with images)
         forward               the model
           layer 0 .. layer L-1
         logits                lm_head on the sampled rows, copied to the host
