@@ -37,6 +37,7 @@ PYBIND11_MODULE(_core, m) {
   pagedllm::python::bind_store(m);
 #ifdef PAGEDLLM_WITH_KERNELS
   pagedllm::python::bind_kernels(m);
+  pagedllm::python::bind_sparse_kernels(m);
 #endif
 #ifdef PAGEDLLM_WITH_CUDA
   pagedllm::python::bind_cuda(m);

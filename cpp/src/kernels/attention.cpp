@@ -1,6 +1,8 @@
 // paged_attention_decode / paged_attention_prefill: validate, cut the work into engine tasks
 // (one KV head of one sequence each, so a GQA group shares one read of K/V), run them on the
 // thread pool, merge split-K partitions, write the outputs.
+// The block-sparse calls run the same drivers over a SparseView (block_sparse.h): each task's
+// block table is then its list's compacted table, its lengths and limits compacted ones.
 //
 // Decode: tasks are (sequence, kv head, partition). When there are fewer (sequence, kv head)
 // pairs than ~4 tasks per thread, each context is split into partitions of >= kMinPartition
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "block_sparse.h"
 #include "engine.h"
 #include "pagedllm/build_info.h"
 #include "pagedllm/error.h"
@@ -211,16 +214,20 @@ int decode_partition_len(const AttentionParams& p, int max_len) {
   return static_cast<int>(len);
 }
 
-}  // namespace
-
-void paged_attention_decode(const AttentionParams& p) {
-  validate_attention(p, /*prefill=*/false);
+// Decode over every block (sv null) or the blocks of a SparseView; p is validated.
+void run_decode(const AttentionParams& p, const SparseView* sv) {
   if (p.num_seqs == 0) return;
   const EngineOps& ops = engine();
   const int kvh_count = p.cache.num_kv_heads;
   const int group = p.num_heads / kvh_count;
   const int hd = p.cache.head_dim;
-  const int max_len = *std::max_element(p.context_lens, p.context_lens + p.num_seqs);
+  // Context (compacted when sparse) and block table of (sequence, kv head).
+  const auto context = [&](int seq, int kvh) {
+    return sv ? sv->length(sv->list(seq, kvh)) : p.context_lens[seq];
+  };
+  int max_len = 0;
+  for (int s = 0; s < p.num_seqs; ++s)
+    for (int h = 0; h < (sv ? kvh_count : 1); ++h) max_len = std::max(max_len, context(s, h));
   const int part_len = decode_partition_len(p, max_len);
   const int parts = std::max(1, (max_len + part_len - 1) / part_len);
   const float qmul = query_mul(p, ops);
@@ -240,7 +247,7 @@ void paged_attention_decode(const AttentionParams& p) {
     const int part = static_cast<int>(i % parts);
     const int kvh = static_cast<int>((i / parts) % kvh_count);
     const int seq = static_cast<int>(i / parts / kvh_count);
-    const int len = p.context_lens[seq];
+    const int len = context(seq, kvh);
     const int begin = part * part_len;
     if (begin >= len && !(part == 0 && parts == 1)) return;  // empty partition
     Scratch& s = t_scratch;
@@ -248,6 +255,7 @@ void paged_attention_decode(const AttentionParams& p) {
     load_query(p, seq, kvh * group, group, qmul, s.q.data());
     std::fill(s.limit.begin(), s.limit.end(), len);
     AttendTask t = make_task(p, seq, kvh, s.q.data(), group);
+    if (sv) t.block_table = sv->table(sv->list(seq, kvh));
     t.row_limit = s.limit.data();
     t.token_begin = begin;
     t.token_end = std::min(len, begin + part_len);
@@ -294,8 +302,8 @@ void paged_attention_decode(const AttentionParams& p) {
   });
 }
 
-void paged_attention_prefill(const AttentionParams& p) {
-  validate_attention(p, /*prefill=*/true);
+// Prefill over every block (sv null) or the blocks of a SparseView; p is validated.
+void run_prefill(const AttentionParams& p, const SparseView* sv) {
   if (p.num_tokens == 0) return;
   const EngineOps& ops = engine();
   const int kvh_count = p.cache.num_kv_heads;
@@ -331,17 +339,21 @@ void paged_attention_prefill(const AttentionParams& p) {
     const int q_len = p.cu_seqlens_q[tile.seq + 1] - q0;
     const int tokens = std::min(tile_tokens, q_len - tile.first);
     const int rows = tokens * group;
+    const int list = sv ? sv->list(tile.seq, kvh) : 0;
     Scratch& s = t_scratch;
     s.resize(rows, hd);
     for (int k = 0; k < tokens; ++k) {
       const int i_tok = tile.first + k;
       load_query(p, q0 + i_tok, kvh * group, group, qmul, s.q.data() + k * group * hd);
-      for (int g = 0; g < group; ++g) s.limit[k * group + g] = len - q_len + i_tok + 1;
+      const int causal = len - q_len + i_tok + 1;
+      const int limit = sv ? sv->compact_limit(list, causal) : causal;
+      for (int g = 0; g < group; ++g) s.limit[k * group + g] = limit;
     }
     AttendTask t = make_task(p, tile.seq, kvh, s.q.data(), rows);
+    if (sv) t.block_table = sv->table(list);
     t.row_limit = s.limit.data();
     t.token_begin = 0;
-    t.token_end = len;
+    t.token_end = sv ? sv->length(list) : len;
     t.acc = s.acc.data();
     t.row_max = s.row_max.data();
     t.row_sum = s.row_sum.data();
@@ -355,6 +367,30 @@ void paged_attention_prefill(const AttentionParams& p) {
       }
     }
   });
+}
+
+}  // namespace
+
+void paged_attention_decode(const AttentionParams& p) {
+  validate_attention(p, /*prefill=*/false);
+  run_decode(p, nullptr);
+}
+
+void paged_attention_prefill(const AttentionParams& p) {
+  validate_attention(p, /*prefill=*/true);
+  run_prefill(p, nullptr);
+}
+
+void paged_attention_decode_sparse(const AttentionParams& p, const BlockSparseParams& sparse) {
+  validate_attention(p, /*prefill=*/false);
+  const SparseView sv(p, sparse);
+  run_decode(p, &sv);
+}
+
+void paged_attention_prefill_sparse(const AttentionParams& p, const BlockSparseParams& sparse) {
+  validate_attention(p, /*prefill=*/true);
+  const SparseView sv(p, sparse);
+  run_prefill(p, &sv);
 }
 
 std::string active_cpu_kernel() { return engine().name; }

@@ -30,6 +30,15 @@ void paged_attention_decode(const AttentionParams& p);
 // blocks plus its own new tokens, which must already be in the cache).
 void paged_attention_prefill(const AttentionParams& p);
 
+// paged_attention_decode over only the logical blocks that `sparse` lists per sequence (or per
+// (sequence, KV head)); on all blocks it computes what the dense call does, bit for bit.
+// Throws for a list length, an unsorted list or a block outside the sequence's context.
+void paged_attention_decode_sparse(const AttentionParams& p, const BlockSparseParams& sparse);
+
+// paged_attention_prefill over the listed blocks only: query token i still sees only keys at
+// positions <= its own, of the listed blocks (list the blocks holding the new tokens).
+void paged_attention_prefill_sparse(const AttentionParams& p, const BlockSparseParams& sparse);
+
 // Copies block src to block dst in every pool. Destinations must be distinct and must not also
 // be sources (so the pairs can run in parallel).
 void copy_blocks(const CopyBlocksParams& p);

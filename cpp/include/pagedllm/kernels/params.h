@@ -108,4 +108,16 @@ struct RMSNormParams {
   float eps = 0.0f;
 };
 
+// Block-sparse attention (FlashInfer's CSR convention): which logical blocks of each sequence
+// a query attends to. List l covers sequence l (one list per sequence: every KV head reads the
+// same blocks) or, with num_seqs * num_kv_heads lists, the pair (l / num_kv_heads,
+// l % num_kv_heads). A list's logical block ids are strictly increasing and inside the blocks
+// its sequence's context uses; the rest of the context is skipped. All blocks = dense.
+struct BlockSparseParams {
+  const int32_t* indptr = nullptr;   // [num_lists + 1]: list l is indices[indptr[l], indptr[l+1])
+  int32_t num_lists = 0;             // num_seqs or num_seqs * num_kv_heads
+  const int32_t* indices = nullptr;  // [num_indices] logical block ids
+  int32_t num_indices = 0;
+};
+
 }  // namespace pagedllm::kernels
