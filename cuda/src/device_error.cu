@@ -57,6 +57,19 @@ const char* kernel_name(int id) {
     case detail::kErrPairId:
       PAGEDLLM_CHECK_INDEX(false, k << ": block_mapping[" << e.a << "][" << e.b << "] = " << e.c
                                     << " is outside the cache's blocks [0, " << e.d << ")");
+    case detail::kErrSparseIndptr:
+      PAGEDLLM_CHECK_ARG(false, k << ": sparse indptr[" << e.a << "] = " << e.b << ", indptr["
+                                  << e.a + 1 << "] = " << e.c
+                                  << ": expected 0 first, non-decreasing, ending at the number "
+                                     "of indices ("
+                                  << e.d << ")");
+    case detail::kErrSparseIndex:
+      PAGEDLLM_CHECK_INDEX(false, k << ": sparse indices[" << e.a << "] = " << e.b << " (list "
+                                    << e.c << ") is outside the sequence's blocks [0, " << e.d
+                                    << ")");
+    case detail::kErrSparseOrder:
+      PAGEDLLM_CHECK_ARG(false, k << ": sparse indices must be strictly increasing per list: "
+                                  << e.b << " then " << e.c << " at indices[" << e.a << "]");
     default:
       PAGEDLLM_CHECK_STATE(false, k << ": unknown device error code " << e.code);
   }

@@ -27,6 +27,9 @@ enum ErrorCode : int {
   kErrQLen = 7,         // a = seq, b = q_len, c = context_len
   kErrPairId = 8,       // a = pair, b = 0 (src) / 1 (dst), c = id, d = num_blocks
   kErrCuRange = 9,      // a = index, b = cu_seqlens_q[index], c = num_tokens
+  kErrSparseIndptr = 10,  // a = list, b = indptr[list], c = indptr[list + 1], d = num_indices
+  kErrSparseIndex = 11,   // a = position in indices, b = id, c = list, d = blocks the seq uses
+  kErrSparseOrder = 12,   // a = position in indices, b = previous id, c = id
 };
 
 enum KernelId : int {

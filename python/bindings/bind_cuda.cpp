@@ -96,6 +96,57 @@ void prefill(py::handle out, py::handle query, py::handle key_cache, py::handle 
   cu::paged_attention_prefill(p, s);
 }
 
+// CSR block lists on the call's device: indptr [num_lists + 1], indices [num_indices] int32.
+k::BlockSparseParams sparse_lists(CudaCall& call, py::handle indptr, py::handle indices) {
+  const Tensor& ip = cuda_binding::index_1d(call, indptr, "sparse_indptr", -1);
+  const Tensor& ix = cuda_binding::index_1d(call, indices, "sparse_indices", -1);
+  PAGEDLLM_CHECK_ARG(ip.size(0) >= 1, "sparse_indptr must have num_lists + 1 >= 1 entries");
+  k::BlockSparseParams sp;
+  sp.indptr = static_cast<const int32_t*>(ip.data());
+  sp.num_lists = python::to_i32(ip.size(0) - 1, "sparse lists");
+  sp.indices = static_cast<const int32_t*>(ix.data());
+  sp.num_indices = python::to_i32(ix.size(0), "sparse indices");
+  return sp;
+}
+
+void decode_sparse(py::handle out, py::handle query, py::handle key_cache,
+                   py::handle value_cache, py::handle block_tables, py::handle context_lens,
+                   py::handle sparse_indptr, py::handle sparse_indices, double scale,
+                   const std::string& kv_cache_dtype, double k_scale, double v_scale,
+                   std::optional<uintptr_t> stream) {
+  CudaCall call;
+  k::AttentionParams p =
+      cuda_binding::attention_params(call, out, query, key_cache, value_cache, block_tables,
+                                     context_lens, scale, kv_cache_dtype, k_scale, v_scale);
+  PAGEDLLM_CHECK_ARG(p.num_tokens == p.num_seqs,
+                     "query has " << p.num_tokens << " tokens but block_tables has " << p.num_seqs
+                                  << " rows (decode: one per sequence)");
+  const k::BlockSparseParams sp = sparse_lists(call, sparse_indptr, sparse_indices);
+  const cu::Stream s = to_stream(stream);
+  py::gil_scoped_release release;
+  cu::DeviceScope scope(call.device());
+  cu::paged_attention_decode_sparse(p, sp, s);
+}
+
+void prefill_sparse(py::handle out, py::handle query, py::handle key_cache,
+                    py::handle value_cache, py::handle block_tables, py::handle cu_seqlens_q,
+                    py::handle context_lens, py::handle sparse_indptr, py::handle sparse_indices,
+                    double scale, const std::string& kv_cache_dtype, double k_scale,
+                    double v_scale, std::optional<uintptr_t> stream) {
+  CudaCall call;
+  k::AttentionParams p =
+      cuda_binding::attention_params(call, out, query, key_cache, value_cache, block_tables,
+                                     context_lens, scale, kv_cache_dtype, k_scale, v_scale);
+  const Tensor& cuq = cuda_binding::index_1d(call, cu_seqlens_q, "cu_seqlens_q",
+                                             static_cast<int64_t>(p.num_seqs) + 1);
+  p.cu_seqlens_q = static_cast<const int32_t*>(cuq.data());
+  const k::BlockSparseParams sp = sparse_lists(call, sparse_indptr, sparse_indices);
+  const cu::Stream s = to_stream(stream);
+  py::gil_scoped_release release;
+  cu::DeviceScope scope(call.device());
+  cu::paged_attention_prefill_sparse(p, sp, s);
+}
+
 void copy_blocks(py::sequence caches, py::handle block_mapping, std::optional<uintptr_t> stream) {
   CudaCall call;
   std::vector<k::BlockPoolParams> pools;
@@ -247,6 +298,18 @@ void bind_cuda(py::module_& parent) {
         py::arg("kv_cache_dtype") = "auto", py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0,
         py::kw_only(), stream_arg,
         "Causal attention of packed new tokens over their sequences' paged context (CUDA).");
+  m.def("paged_attention_decode_sparse", &decode_sparse, py::arg("out"), py::arg("query"),
+        py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
+        py::arg("context_lens"), py::arg("sparse_indptr"), py::arg("sparse_indices"),
+        py::arg("scale"), py::arg("kv_cache_dtype") = "auto", py::arg("k_scale") = 1.0,
+        py::arg("v_scale") = 1.0, py::kw_only(), stream_arg,
+        "Decode attention over the CSR-listed logical blocks only (CUDA; lists on the GPU).");
+  m.def("paged_attention_prefill_sparse", &prefill_sparse, py::arg("out"), py::arg("query"),
+        py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
+        py::arg("cu_seqlens_q"), py::arg("context_lens"), py::arg("sparse_indptr"),
+        py::arg("sparse_indices"), py::arg("scale"), py::arg("kv_cache_dtype") = "auto",
+        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, py::kw_only(), stream_arg,
+        "Causal prefill over the CSR-listed logical blocks only (CUDA).");
   m.def("copy_blocks", &copy_blocks, py::arg("caches"), py::arg("block_mapping"), py::kw_only(),
         stream_arg,
         "Copies block src -> dst in every CUDA cache tensor; block_mapping is a CPU int [k, 2] "

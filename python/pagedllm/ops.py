@@ -94,6 +94,42 @@ def paged_attention_prefill(out: torch.Tensor, query: torch.Tensor, key_cache: t
                                     k_scale, v_scale)
 
 
+def paged_attention_decode_sparse(out: torch.Tensor, query: torch.Tensor,
+                                  key_cache: torch.Tensor, value_cache: torch.Tensor,
+                                  block_tables: torch.Tensor, context_lens: torch.Tensor,
+                                  sparse_indptr: torch.Tensor, sparse_indices: torch.Tensor,
+                                  scale: float, kv_cache_dtype: str = "auto",
+                                  k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """paged_attention_decode over only the listed logical blocks (block-sparse, CSR).
+
+    Args:
+        out, query, key_cache, value_cache, block_tables, context_lens, scale,
+            kv_cache_dtype, k_scale, v_scale: as for paged_attention_decode.
+        sparse_indptr: [num_lists + 1] int32, num_lists = num_seqs (one list per sequence) or
+            num_seqs * num_kv_heads (list seq * num_kv_heads + h for KV head h).
+        sparse_indices: [sparse_indptr[-1]] int32, each list's logical block ids, increasing.
+    """
+    backend = _cuda() if _is_cuda(key_cache) else _core
+    backend.paged_attention_decode_sparse(out, query, key_cache, value_cache, block_tables,
+                                          context_lens, sparse_indptr, sparse_indices, scale,
+                                          kv_cache_dtype, k_scale, v_scale)
+
+
+def paged_attention_prefill_sparse(out: torch.Tensor, query: torch.Tensor,
+                                   key_cache: torch.Tensor, value_cache: torch.Tensor,
+                                   block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                   context_lens: torch.Tensor, sparse_indptr: torch.Tensor,
+                                   sparse_indices: torch.Tensor, scale: float,
+                                   kv_cache_dtype: str = "auto", k_scale: float = 1.0,
+                                   v_scale: float = 1.0) -> None:
+    """paged_attention_prefill over only the listed logical blocks (CSR as for decode)."""
+    backend = _cuda() if _is_cuda(key_cache) else _core
+    backend.paged_attention_prefill_sparse(out, query, key_cache, value_cache, block_tables,
+                                           cu_seqlens_q, context_lens, sparse_indptr,
+                                           sparse_indices, scale, kv_cache_dtype, k_scale,
+                                           v_scale)
+
+
 def copy_blocks(caches: Sequence[torch.Tensor], block_mapping: torch.Tensor) -> None:
     """Copies block src -> dst ([k, 2] pairs) inside every cache tensor (copy-on-write)."""
     backend = _cuda() if caches and _is_cuda(caches[0]) else _core

@@ -178,11 +178,18 @@ void fill_common(const kernels::AttentionParams& p, Args* a) {
   a->err = error_record();
 }
 
-// Runs the split-K kernel (decode, or SIMT prefill when p.cu_seqlens_q is set) and the merge.
-void run_split_k(const kernels::AttentionParams& p, cudaStream_t stream, int kernel_id) {
+// Runs the split-K kernel (decode, or SIMT prefill when p.cu_seqlens_q is set) and the merge;
+// over the blocks of `sparse` only when it is set (its compacted tables built first, in the
+// front of the workspace).
+void run_split_k(const kernels::AttentionParams& p, cudaStream_t stream, int kernel_id,
+                 const kernels::BlockSparseParams* sparse = nullptr) {
   DecodeArgs a{};
   fill_common(p, &a);
   a.kernel_id = kernel_id;
+  const size_t sparse_bytes =
+      sparse ? align256(static_cast<size_t>(sparse->num_indices) * sizeof(int32_t)) +
+                   align256(static_cast<size_t>(sparse->num_lists) * sizeof(int32_t))
+             : 0;
   a.head_chunks = (a.group + kDecodeMaxHeads - 1) / kDecodeMaxHeads;
   // Enough thread blocks for ~4 per multiprocessor; split contexts when there are fewer.
   const int64_t blocks = static_cast<int64_t>(p.num_tokens) * a.num_kv_heads * a.head_chunks;
@@ -197,12 +204,23 @@ void run_split_k(const kernels::AttentionParams& p, cudaStream_t stream, int ker
   a.part_len = parts == 1 ? std::max(capacity, 1) : (capacity + parts - 1) / parts;
   a.num_parts = parts == 1 ? 1 : (capacity + a.part_len - 1) / a.part_len;
   const int hd = p.cache.head_dim;
-  if (a.num_parts > 1) {
-    const size_t slots = static_cast<size_t>(p.num_tokens) * p.num_heads * a.num_parts;
-    const size_t acc_bytes = align256(slots * hd * sizeof(float));
-    auto* ws = static_cast<uint8_t*>(workspace(stream, acc_bytes + slots * 2 * sizeof(float)));
-    a.part_acc = reinterpret_cast<float*>(ws);
-    a.part_stats = reinterpret_cast<float*>(ws + acc_bytes);
+  const size_t slots =
+      a.num_parts > 1 ? static_cast<size_t>(p.num_tokens) * p.num_heads * a.num_parts : 0;
+  const size_t acc_bytes = align256(slots * hd * sizeof(float));
+  const size_t ws_bytes = sparse_bytes + (slots ? acc_bytes + slots * 2 * sizeof(float) : 0);
+  auto* ws = ws_bytes ? static_cast<uint8_t*>(workspace(stream, ws_bytes)) : nullptr;
+  if (sparse) {
+    a.sparse_indptr = sparse->indptr;
+    a.sparse_indices = sparse->indices;
+    a.sparse_tables = reinterpret_cast<int32_t*>(ws);
+    a.sparse_lens = reinterpret_cast<int32_t*>(
+        ws + align256(static_cast<size_t>(sparse->num_indices) * sizeof(int32_t)));
+    a.sparse_per_head = sparse->num_lists != p.num_seqs;
+    launch_sparse_compact(a, sparse->num_lists, sparse->num_indices, stream);
+  }
+  if (slots) {
+    a.part_acc = reinterpret_cast<float*>(ws + sparse_bytes);
+    a.part_stats = reinterpret_cast<float*>(ws + sparse_bytes + acc_bytes);
   }
   PAGEDLLM_DISPATCH_HEAD_DIM(hd, HD, dispatch_decode<HD>(p.cache.dtype, a, stream));
   if (a.num_parts > 1) {
@@ -218,6 +236,38 @@ void paged_attention_decode(const kernels::AttentionParams& p, Stream stream) {
   detail::check_attention(p, /*prefill=*/false);
   if (p.num_seqs == 0) return;
   detail::run_split_k(p, stream, detail::kKernelDecode);
+  detail::finish_call(stream);
+}
+
+namespace {
+// The host checks of a block-sparse call: the list count (indptr's length) for p.
+void check_sparse_lists(const kernels::AttentionParams& p, const kernels::BlockSparseParams& s) {
+  const int64_t per_head = static_cast<int64_t>(p.num_seqs) * p.cache.num_kv_heads;
+  PAGEDLLM_CHECK_ARG(s.num_lists == p.num_seqs || s.num_lists == per_head,
+                     "sparse indptr has " << s.num_lists + 1 << " entries: expected num_seqs + 1 = "
+                                          << p.num_seqs + 1
+                                          << " (one block list per sequence) or num_seqs * "
+                                             "num_kv_heads + 1 = "
+                                          << per_head + 1 << " (one per KV head)");
+  PAGEDLLM_CHECK_ARG(s.num_indices >= 0, "sparse indices: negative length");
+}
+}  // namespace
+
+void paged_attention_decode_sparse(const kernels::AttentionParams& p,
+                                   const kernels::BlockSparseParams& sparse, Stream stream) {
+  detail::check_attention(p, /*prefill=*/false);
+  check_sparse_lists(p, sparse);
+  if (p.num_seqs == 0) return;
+  detail::run_split_k(p, stream, detail::kKernelDecode, &sparse);
+  detail::finish_call(stream);
+}
+
+void paged_attention_prefill_sparse(const kernels::AttentionParams& p,
+                                    const kernels::BlockSparseParams& sparse, Stream stream) {
+  detail::check_attention(p, /*prefill=*/true);
+  check_sparse_lists(p, sparse);
+  if (p.num_seqs == 0 || p.num_tokens == 0) return;
+  detail::run_split_k(p, stream, detail::kKernelPrefill, &sparse);  // SIMT rows, causal limits
   detail::finish_call(stream);
 }
 

@@ -41,6 +41,14 @@ struct DecodeArgs {
   float* part_stats;             // [num_tokens, num_heads, num_parts, 2]: running max, sum
   DeviceError* err;
   int kernel_id;
+  // Block-sparse (all null for dense): list l = seq, or seq * num_kv_heads + kv head when
+  // sparse_per_head; its compacted table is sparse_tables + sparse_indptr[l] (physical ids of
+  // the listed blocks) and sparse_lens[l] its selected tokens (-1: a bad list, skipped).
+  const int32_t* sparse_indptr;
+  const int32_t* sparse_indices;
+  const int32_t* sparse_tables;  // [num_indices]
+  const int32_t* sparse_lens;    // [num_lists]
+  int sparse_per_head;
 };
 
 // Arguments of the tensor-core prefill kernel.
@@ -78,6 +86,12 @@ constexpr int kPrefillThreads = 128;
 
 template <kernels::CacheType CT, int HD>
 void launch_decode(const DecodeArgs& a, cudaStream_t stream);
+
+// Checks the CSR lists on the device (indptr shape, ids inside each sequence's used blocks,
+// strictly increasing; errors recorded, the list's length set to -1) and writes each list's
+// compacted table (a.sparse_tables) and selected-token count (a.sparse_lens).
+void launch_sparse_compact(const DecodeArgs& a, int num_lists, int num_indices,
+                           cudaStream_t stream);
 
 template <kernels::CacheType CT, int HD>
 void launch_prefill(const PrefillArgs& a, int max_tiles, cudaStream_t stream);

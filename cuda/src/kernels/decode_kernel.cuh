@@ -48,6 +48,21 @@ struct DecodeShape {
   static_assert(kTile <= 64, "the softmax covers at most 64 tokens per tile (2 per lane)");
 };
 
+// Selected tokens at positions < limit of a sorted block list ids[0, n) (all but the last
+// listed block below `limit` are wholly below it), capped at the list's n_sel tokens.
+__device__ __forceinline__ int sparse_compact_limit(const int32_t* ids, int n, int block_size,
+                                                    int limit, int n_sel) {
+  const int first_out = (limit + block_size - 1) / block_size;  // blocks < this start below
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (ids[mid] < first_out) lo = mid + 1; else hi = mid;
+  }
+  if (lo == 0) return 0;
+  const int top = ids[lo - 1];
+  return min(n_sel, (lo - 1) * block_size + min(block_size, limit - top * block_size));
+}
+
 template <CacheType CT, int HD>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_kernel(const DecodeArgs a) {
@@ -105,6 +120,23 @@ __global__ void __launch_bounds__(kDecodeThreads)
     limit = ok ? len - (q1 - q0) + (token - q0) + 1 : 0;
   }
   if (!ok) limit = 0;
+  // Block-sparse: the list's compacted table, and the limit counted in selected tokens.
+  const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.block_table_stride;
+  if (a.sparse_tables != nullptr) {
+    const int l = a.sparse_per_head ? seq * a.num_kv_heads + kvh : seq;
+    const int n_sel = a.sparse_lens[l];
+    table = a.sparse_tables + a.sparse_indptr[l];
+    if (n_sel < 0) {  // a bad list (reported by the compaction kernel)
+      ok = false;
+      limit = 0;
+    } else if (a.cu_seqlens_q == nullptr) {
+      limit = n_sel;
+    } else {
+      limit = sparse_compact_limit(a.sparse_indices + a.sparse_indptr[l],
+                                   a.sparse_indptr[l + 1] - a.sparse_indptr[l], a.block_size,
+                                   limit, n_sel);
+    }
+  }
   const int begin = part * a.part_len;
   const int end = min(limit, begin + a.part_len);
   const int num_tiles = end > begin ? (end - begin + S::kTile - 1) / S::kTile : 0;
@@ -142,7 +174,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   ph.value = a.value_cache + head_offset;
   ph.key_block_stride = a.key_block_stride;
   ph.value_block_stride = a.value_block_stride;
-  ph.table = a.block_tables + static_cast<int64_t>(seq) * a.block_table_stride;
+  ph.table = table;
   ph.block_size = a.block_size;
   ph.num_blocks = a.num_blocks;
   ph.seq = seq;

@@ -7,6 +7,7 @@ target_sources(pagedllm_cuda PRIVATE
   ${_pagedllm_cuda_kernels_dir}/reshape_and_cache.cu
   ${_pagedllm_cuda_kernels_dir}/block_copy.cu
   ${_pagedllm_cuda_kernels_dir}/attention.cu
+  ${_pagedllm_cuda_kernels_dir}/sparse_compact.cu
 )
 foreach(_hd 64 80 96 128 256)
   target_sources(pagedllm_cuda PRIVATE

@@ -51,6 +51,17 @@ void paged_attention_decode(const kernels::AttentionParams& p, Stream stream);
 // block_tables / context_lens / cu_seqlens_q are device memory.
 void paged_attention_prefill(const kernels::AttentionParams& p, Stream stream);
 
+// Decode attention over only the logical blocks listed per sequence (or per (sequence, KV
+// head)) in `sparse` (CSR, device memory; the CPU kernels' contract: on all blocks it equals
+// the dense call). Lists are checked on the device (ids inside the used blocks, strictly
+// increasing); a bad list's outputs are NaN and the error is recorded.
+void paged_attention_decode_sparse(const kernels::AttentionParams& p,
+                                   const kernels::BlockSparseParams& sparse, Stream stream);
+
+// Causal prefill over the listed blocks only (the split-K SIMT path, one row per query token).
+void paged_attention_prefill_sparse(const kernels::AttentionParams& p,
+                                    const kernels::BlockSparseParams& sparse, Stream stream);
+
 // copy_blocks on the GPU. `p.pairs` is HOST memory, checked here like the CPU kernel
 // (ids in range, destinations distinct and not sources) and uploaded on `stream`.
 void copy_blocks(const kernels::CopyBlocksParams& p, Stream stream);

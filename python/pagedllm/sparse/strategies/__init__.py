@@ -1,0 +1,1 @@
+"""One module per block-selection strategy (each registers itself: see pagedllm.sparse.registry)."""
