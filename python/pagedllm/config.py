@@ -41,6 +41,11 @@ extend::
       max_image_pixels: 16777216  # decoded width x height
       max_num_encoder_tokens: null  # image embeddings per step; null: max(batched tokens, 1 image)
       encoder_cache_images: 8     # unused encoder outputs kept for repeated images
+    sparse_attention:             # block-sparse decode attention (see pagedllm/sparse/config.py)
+      strategy: dense             # dense | fixed_pattern | dilated | random | quest | streaming
+      sink_blocks: 1
+      local_blocks: 4
+      min_context: 0              # below this many context tokens: dense
 
 Unknown keys are an error that names them.
 """
@@ -53,6 +58,7 @@ from typing import Any, Dict, Optional, Union
 
 from pagedllm.model.kv_cache import KV_CACHE_DTYPES
 from pagedllm.persistence_config import PersistenceConfig
+from pagedllm.sparse.config import SparseAttentionConfig, parse_sparse_attention
 
 DEFAULT_KV_CACHE_MEMORY_BYTES = 2 << 30
 DEVICES = ("auto", "cpu", "cuda")
@@ -153,6 +159,8 @@ class EngineConfig:
             budget); None = max(max_num_batched_tokens, one image's embeddings).
         encoder_cache_images: encoder outputs no running request needs that are kept (least
             recently used first out) so a repeated image is not encoded again.
+        sparse_attention: the default block-sparse decode attention (a SparseAttentionConfig
+            or a mapping of its keys; None: dense); requests may override it.
     """
 
     model: Optional[str] = None
@@ -186,6 +194,7 @@ class EngineConfig:
     max_image_pixels: int = 4096 * 4096
     max_num_encoder_tokens: Optional[int] = None
     encoder_cache_images: int = 8
+    sparse_attention: Optional[SparseAttentionConfig] = None
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> ValueError:
@@ -238,6 +247,9 @@ class EngineConfig:
         if self.preemption_mode not in PREEMPTION_MODES:
             raise bad("preemption_mode", "one of " + ", ".join(PREEMPTION_MODES))
         self.persistence = PersistenceConfig.from_value(self.persistence)
+        self.sparse_attention = parse_sparse_attention(self.sparse_attention)
+        if self.sparse_attention is not None and isinstance(self.block_size, int):
+            self.sparse_attention.check_block_size(self.block_size)
         if self.check_numerics is False:  # YAML reads a bare `off` as false
             self.check_numerics = "off"
         if self.check_numerics not in CHECK_NUMERICS:
@@ -289,6 +301,8 @@ class EngineConfig:
                 fields["model"] = value
             elif key == "persistence":
                 fields["persistence"] = PersistenceConfig.from_value(value)
+            elif key == "sparse_attention":
+                fields["sparse_attention"] = parse_sparse_attention(value)
             elif key in _YAML_SECTIONS:
                 if not isinstance(value, dict):
                     raise ValueError(f"config section '{key}' must be a mapping, got {value!r}")
@@ -298,7 +312,8 @@ class EngineConfig:
                         raise ValueError(f"unknown key '{key}.{sub}' in config (known: {known})")
                     fields[_YAML_SECTIONS[key][sub]] = sub_value
             else:
-                known = ", ".join(["model", "persistence", *sorted(_YAML_SECTIONS)])
+                known = ", ".join(["model", "persistence", "sparse_attention",
+                                   *sorted(_YAML_SECTIONS)])
                 raise ValueError(f"unknown config section '{key}' (known: {known})")
         fields.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**fields)

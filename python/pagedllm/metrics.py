@@ -67,6 +67,10 @@ _GAUGES = (
     ("preemptions_last_step", "preemptions_last_step", "Sequences preempted in the last step."),
     ("preemptions_per_step", "preemptions_per_step",
      "Mean sequences preempted per step over the preemption-storm window."),
+    ("sparse_blocks_read_last_step", "sparse_blocks_read_last_step",
+     "KV blocks the last step's decode attention read (per KV head; block-sparse attention)."),
+    ("sparse_blocks_held_last_step", "sparse_blocks_held_last_step",
+     "KV blocks the last step's decoding sequences held."),
 )
 _COUNTERS = (
     ("prompt_tokens", "num_prompt_tokens", "Prompt tokens of accepted requests."),
@@ -84,6 +88,10 @@ _COUNTERS = (
     ("disk_bytes_written", "disk_bytes_written", "Bytes written to the persistent store."),
     ("disk_failed_writes", "disk_failed_writes", "Writes to the store that failed."),
     ("num_failed_steps", "num_failed_steps", "Steps whose errors failed their requests."),
+    ("sparse_blocks_read", "sparse_blocks_read_total",
+     "KV blocks read by decode attention (per KV head; all blocks when dense)."),
+    ("sparse_blocks_held", "sparse_blocks_held_total",
+     "KV blocks held by the decoding sequences, summed over steps."),
 )
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import List, Optional, Union
+from typing import Any, List, Optional, Union
+
+from pagedllm.sparse.config import parse_sparse_attention
 
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing logits by a tinier
 # one overflows float32 and makes the probabilities NaN.
@@ -58,6 +60,9 @@ class SamplingParams:
         include_stop_str_in_output: keep the matched stop string in the text.
         skip_special_tokens: leave special tokens out of the decoded text.
         detokenize: produce text (False: token ids only).
+        sparse_attention: this request's block-sparse decode attention, a mapping with the
+            keys of pagedllm.sparse.SparseAttentionConfig ("strategy" required; "dense" turns
+            the engine's default off), overriding the engine's default; None: the default.
     """
 
     n: int = 1
@@ -80,6 +85,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True
+    sparse_attention: Optional[Any] = None
 
     def __post_init__(self) -> None:
         if self.best_of is None:
@@ -94,6 +100,8 @@ class SamplingParams:
         self.stop_token_ids = [int(t) for t in stop_ids]
         if self.top_k == 0:
             self.top_k = -1
+        self.sparse_attention = parse_sparse_attention(self.sparse_attention,
+                                                       "SamplingParams.sparse_attention")
         self._validate()
 
     def _validate(self) -> None:

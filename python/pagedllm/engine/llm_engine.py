@@ -113,7 +113,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, self.eos_token_ids,
                                    self.max_model_len, self.tokenizer, config.preemption_mode,
-                                   layout.num_host_blocks, self.tier, self.images.encoder)
+                                   layout.num_host_blocks, self.tier, self.images.encoder,
+                                   sparse_attention=config.sparse_attention)
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed)
         self._ids = itertools.count()
         # Counters for metrics (cumulative since start).
@@ -468,6 +469,7 @@ class LLMEngine:
         if self.scheduler.host is not None:
             s["host_blocks"] = self.scheduler.host.capacity
             s["host_free_blocks"] = self.scheduler.host.num_free
+        s.update(self.scheduler.sparse.stats())
         s["num_failed_steps"] = self.num_failed_steps
         s["num_numeric_errors"] = self.numerics.num_errors if self.numerics is not None else 0
         s["device"] = self.executor.device_description

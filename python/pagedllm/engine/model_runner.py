@@ -25,6 +25,7 @@ from pagedllm.engine.scheduler import SchedulerOutput
 from pagedllm.engine.tracing import NULL_RECORDER
 from pagedllm.model import AttentionMetadata, PagedKVCache
 from pagedllm.multimodal.encoder_cache import EncoderCache
+from pagedllm.sparse.attend import SparseStep
 
 
 @dataclass
@@ -122,6 +123,8 @@ class ModelRunner:
                 cu_seqlens_q=self._tensor("cu", out.cu_seqlens_q),          # [num_seqs + 1] int32
                 num_decode_seqs=out.num_decode_seqs,
                 cu_seqlens_q_host=out.cu_seqlens_q,  # checked on the host, not on the device
+                sparse=(SparseStep.build(out.sparse, self.device) if out.sparse is not None
+                        else None),                                         # decode block lists
             )
             ids = self._tensor("ids", out.input_ids)                        # [num_tokens] int64
             pos = self._tensor("pos", out.positions)                        # [num_tokens] int64

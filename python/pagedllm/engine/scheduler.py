@@ -45,6 +45,9 @@ from pagedllm.engine.transfer_plan import KVTransferPlan, as_pairs
 from pagedllm.multimodal.encoder_schedule import EncoderScheduler, StepMultiModal
 from pagedllm.outputs import BeamSearchOutput, RequestOutput
 from pagedllm.sampling_params import BeamSearchParams
+from pagedllm.sparse.config import SparseAttentionConfig
+from pagedllm.sparse.plan import SparsePlan
+from pagedllm.sparse.scheduling import SparseScheduling
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -98,6 +101,7 @@ class SchedulerOutput:
         beam_rows: (row, sequence) of beam-search beams, whose candidates are ranked instead.
         preempted: sequences preempted while scheduling this step.
         multimodal: the step's image work (encodes, embedding rows), None without images.
+        sparse: the decode sequences' block-sparse plan (None: every block is read).
     """
 
     scheduled: List[ScheduledSeq]
@@ -115,6 +119,7 @@ class SchedulerOutput:
     beam_rows: List[Tuple[int, Sequence]] = field(default_factory=list)
     preempted: List[Sequence] = field(default_factory=list)
     multimodal: Optional[StepMultiModal] = None
+    sparse: Optional[SparsePlan] = None
 
     @property
     def num_tokens(self) -> int:
@@ -165,7 +170,8 @@ class Scheduler:
     def __init__(self, kv: _core.KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  eos_token_ids: Iterable[int] = (), max_model_len: int = 1 << 30,
                  tokenizer=None, preemption_mode: str = "recompute", num_host_blocks: int = 0,
-                 tier=None, encoder: Optional[EncoderScheduler] = None):
+                 tier=None, encoder: Optional[EncoderScheduler] = None,
+                 sparse_attention: Optional[SparseAttentionConfig] = None):
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
                              f"got {preemption_mode!r}")
@@ -179,6 +185,7 @@ class Scheduler:
         self.host = _core.BlockAllocator(num_host_blocks) if num_host_blocks > 0 else None
         self.tier = tier
         self.encoder = encoder
+        self.sparse = SparseScheduling(sparse_attention, self.block_size)
         self.processor = OutputProcessor(StopChecker(self.eos_token_ids, max_model_len, tokenizer),
                                          tokenizer)
         self.requests: Dict[str, Request] = {}
@@ -198,6 +205,7 @@ class Scheduler:
         """Queues a new request (validated by the engine); `beam` makes it a beam search."""
         if beam is not None:
             req.beam = beam_search.BeamSearchState(beam)
+        self.sparse.check_request(req.params)
         self.requests[req.request_id] = req
         if req.images:
             self.encoder.add_request(req.images)
@@ -693,6 +701,9 @@ class Scheduler:
             swap_out=as_pairs(step.swap_out), swap_in=as_pairs(step.swap_in),
             copies=(np.concatenate(step.cow).astype(np.int64) if step.cow else as_pairs([])),
             loads=step.loads, stores=step.stores)
+        context_lens = (starts + q_lens).astype(np.int32)
+        sparse = self.sparse.plan([e.seq.request.params for e in entries[:num_decode]],
+                                  context_lens[:num_decode])
         return SchedulerOutput(
             scheduled=entries,
             num_decode_seqs=num_decode,
@@ -700,7 +711,7 @@ class Scheduler:
             positions=positions,
             slot_mapping=np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64),
             block_tables=tables,
-            context_lens=(starts + q_lens).astype(np.int32),
+            context_lens=context_lens,
             cu_seqlens_q=cu,
             logits_indices=np.asarray(sample_rows, dtype=np.int64),
             prompt_logit_spans=spans,
@@ -711,6 +722,7 @@ class Scheduler:
             multimodal=None if self.encoder is None else self.encoder.step_inputs(
                 [(e.seq.request.images, e.start, e.num_new_tokens, int(cu[i]))
                  for i, e in enumerate(entries) if e.seq.request.images]),
+            sparse=sparse,
         )
 
     # --- applying a step's results -------------------------------------------------------------

@@ -116,8 +116,13 @@ class Worker:
             config, self.model_config.max_position_embeddings, arch)
         if config.block_size == "auto":
             logger.info("%s", self.block_size_reason)
+        sparse = config.sparse_attention
+        if sparse is not None:
+            sparse.check_block_size(block_size)
+        key_bounds = sparse is not None and sparse.strategy == "quest"  # kept beside the pool
         bytes_per_block = PagedKVCache.bytes_per_block(pool_config, block_size,
-                                                       config.kv_cache_dtype, self.dtype)
+                                                       config.kv_cache_dtype, self.dtype,
+                                                       key_bounds)
         device_budget = None
         if on_gpu and config.num_kv_blocks is None and config.kv_cache_memory_bytes is None:
             device_budget = devices.gpu_kv_budget_bytes(
@@ -129,7 +134,8 @@ class Worker:
                             device_budget, block_size)
         self.kv_cache = PagedKVCache(pool_config, plan.num_blocks, plan.block_size,
                                      config.kv_cache_dtype, config.k_scale, config.v_scale,
-                                     dtype=self.dtype, device=self.device)
+                                     dtype=self.dtype, device=self.device,
+                                     key_bounds=key_bounds)
         num_host_blocks = 0
         self.host_pool = None
         if config.preemption_mode == "swap":

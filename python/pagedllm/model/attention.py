@@ -15,6 +15,8 @@ from typing import Optional
 import torch
 
 from pagedllm import ops
+from pagedllm.sparse.attend import sparse_decode
+from pagedllm.sparse.key_bounds import update_key_bounds
 
 
 @dataclass
@@ -32,6 +34,8 @@ class AttentionMetadata:
         cu_seqlens_q_host: a host copy of cu_seqlens_q (numpy or CPU tensor) to check the
             values against when the tensors live on a device, so no check waits on it
             (None: the values are checked only for host tensors).
+        sparse: the decode rows' block-sparse lists (pagedllm.sparse.attend.SparseStep), or
+            None (dense).
     Raises:
         ValueError: a tensor of the wrong dtype or rank, or counts that do not add up.
     """
@@ -42,6 +46,8 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor
     num_decode_seqs: int
     cu_seqlens_q_host: Optional[object] = field(default=None, repr=False)
+    # Block-sparse decode (pagedllm.sparse.attend.SparseStep); None: every block is read.
+    sparse: Optional[object] = field(default=None, repr=False)
     # Derived once per step (not per layer) by __post_init__.
     num_seqs: int = field(init=False)
     num_tokens: int = field(init=False)
@@ -96,7 +102,9 @@ def _check(t: torch.Tensor, name: str, dim: int, dtypes: tuple[torch.dtype, ...]
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float, kv_cache_dtype: str = "auto", k_scale: float = 1.0,
-                    v_scale: float = 1.0) -> torch.Tensor:
+                    v_scale: float = 1.0,
+                    key_bounds: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+                    ) -> torch.Tensor:
     """Writes the new keys/values into their slots, then attends every new token to its context.
 
     Args:
@@ -106,15 +114,24 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         meta: the step's AttentionMetadata.
         scale: softmax scale, head_dim ** -0.5 for Llama.
         kv_cache_dtype, k_scale, v_scale: the cache storage as the kernels name it.
+        key_bounds: this layer's per-block key (min, max) [num_blocks, num_kv_heads, head_dim]
+            when the pool keeps them (quest): updated for the blocks written here.
     Returns:
         out: [num_tokens, num_heads, head_dim] in query's dtype.
     """
     ops.reshape_and_cache(key, value, key_cache, value_cache, meta.slot_mapping,
                             kv_cache_dtype, k_scale, v_scale)
+    if key_bounds is not None:
+        update_key_bounds(key_cache, key_bounds[0], key_bounds[1], meta.slot_mapping,
+                          kv_cache_dtype)
     # out: [num_tokens, num_heads, head_dim]
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     nd = meta.num_decode_seqs
-    if nd:
+    if nd and meta.sparse is not None:
+        sparse_decode(out[:nd], query[:nd], key_cache, value_cache, meta.decode_block_tables,
+                      meta.decode_context_lens, meta.sparse, key_bounds, scale, kv_cache_dtype,
+                      k_scale, v_scale)
+    elif nd:
         ops.paged_attention_decode(out[:nd], query[:nd], key_cache, value_cache,
                                      meta.decode_block_tables, meta.decode_context_lens, scale,
                                      kv_cache_dtype, k_scale, v_scale)

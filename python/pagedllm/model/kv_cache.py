@@ -15,6 +15,12 @@ Storage dtypes (`kv_cache_dtype`): "auto" (the model dtype), "fp32", "fp16", "bf
 x / v_scale, saturated). The kernels convert on
 write and accumulate in fp32 on read. The pool is zero-filled; nothing reads a slot before the
 step that writes it.
+
+With key_bounds=True (block-sparse "quest" attention) the pool has ceil(num_layers /
+block_size) more "layers" after the model's: layer l's per-block key minimum lives in row
+l % block_size of extra layer l // block_size's key half, its maximum in the same row of the
+value half, so the bounds sit inside each block's region and move with it (see
+pagedllm.sparse.key_bounds).
 """
 
 from __future__ import annotations
@@ -36,6 +42,11 @@ _KV_DTYPES: dict[str, tuple[torch.dtype | None, str]] = {
     "fp8_e5m2": (torch.uint8, "fp8_e5m2"),
 }
 KV_CACHE_DTYPES = tuple(_KV_DTYPES)
+
+
+def _bound_layers(num_layers: int, block_size: int) -> int:
+    """Extra pool layers that hold every layer's key bounds (one row per layer and half)."""
+    return -(-num_layers // block_size)
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str,
@@ -62,12 +73,13 @@ class PagedKVCache:
         k_scale, v_scale: fp8 scales (stored = value / scale); ignored by other dtypes.
         dtype: the model dtype, which "auto" means.
         device: where the pool lives (the CPU, or a GPU for the CUDA kernels).
+        key_bounds: also keep each block's per-layer key min/max (see module doc).
     """
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
                  kv_cache_dtype: str = "auto", k_scale: float = 1.0, v_scale: float = 1.0,
                  dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", key_bounds: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks = {num_blocks}, block_size = {block_size}: "
                              f"expected >= 1 each")
@@ -78,21 +90,30 @@ class PagedKVCache:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.num_layers = config.num_hidden_layers
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
-        # pool: [num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim]
-        self.pool = torch.zeros(num_blocks, config.num_hidden_layers, 2, config.num_key_value_heads,
+        extra = _bound_layers(config.num_hidden_layers, block_size) if key_bounds else 0
+        # pool: [num_blocks, num_layers (+ extra), 2, num_kv_heads, block_size, head_dim]
+        self.pool = torch.zeros(num_blocks, config.num_hidden_layers + extra, 2,
+                                config.num_key_value_heads,
                                 block_size, config.head_dim, dtype=self.storage_dtype,
                                 device=device)
         self.device = self.pool.device
         # per layer: [num_blocks, num_kv_heads, block_size, head_dim] views, made once.
         self._key_caches = [self.pool[:, i, 0] for i in range(self.num_layers)]
         self._value_caches = [self.pool[:, i, 1] for i in range(self.num_layers)]
+        # per layer: ([num_blocks, num_kv_heads, head_dim] min, max) views, or None
+        self._bounds = [(self.pool[:, self.num_layers + i // block_size, 0, :, i % block_size],
+                         self.pool[:, self.num_layers + i // block_size, 1, :, i % block_size])
+                        if key_bounds else None for i in range(self.num_layers)]
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, kv_cache_dtype: str = "auto",
-                        dtype: torch.dtype = torch.float32) -> int:
-        """Bytes one block takes (all layers, keys and values), to size a pool from a budget."""
+                        dtype: torch.dtype = torch.float32, key_bounds: bool = False) -> int:
+        """Bytes one block takes (all layers, keys and values; the key bounds' extra layers
+        when key_bounds), to size a pool from a budget."""
         storage, _ = resolve_kv_cache_dtype(kv_cache_dtype, dtype)
-        elems = (config.num_hidden_layers * 2 * config.num_key_value_heads * block_size
+        layers = config.num_hidden_layers + (
+            _bound_layers(config.num_hidden_layers, block_size) if key_bounds else 0)
+        elems = (layers * 2 * config.num_key_value_heads * block_size
                  * config.head_dim)
         return elems * torch.empty((), dtype=storage).element_size()
 
@@ -108,6 +129,11 @@ class PagedKVCache:
     def value_cache(self, layer: int) -> torch.Tensor:
         """Values of `layer`: [num_blocks, num_kv_heads, block_size, head_dim] view of the pool."""
         return self._value_caches[layer]
+
+    def key_bounds(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per-block key (min, max) of `layer`, [num_blocks, num_kv_heads, head_dim] views of
+        the pool, or None when the pool keeps no bounds."""
+        return self._bounds[layer]
 
     def copy_blocks(self, pairs: torch.Tensor) -> None:
         """Copies whole blocks (every layer, keys and values): pool[dst] = pool[src].

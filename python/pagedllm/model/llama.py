@@ -125,7 +125,8 @@ class LlamaAttention(nn.Module):
         k = qk[:, self.num_heads:]       # [num_tokens, num_kv_heads, head_dim]
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, k, v, kv.key_cache(layer), kv.value_cache(layer), meta,
-                              self.scale, kv.kernel_kv_dtype, kv.k_scale, kv.v_scale)
+                              self.scale, kv.kernel_kv_dtype, kv.k_scale, kv.v_scale,
+                              key_bounds=kv.key_bounds(layer))
         # out: [num_tokens, num_heads, head_dim] -> [num_tokens, hidden_size]
         return self.o_proj(out.view(t, self.q_size))
 
