@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional
 
 from pagedllm.config import (CHECK_NUMERICS, EXECUTOR_BACKENDS, KV_CACHE_DTYPES, MODEL_DTYPES,
                              PREEMPTION_MODES, EngineConfig)
+from pagedllm.sparse.cli_args import FLAG_OF_KEY, add_sparse_args, apply_sparse_args
 
 
 class CliError(Exception):
@@ -105,6 +106,7 @@ _PERSISTENCE_FLAGS: Dict[str, str] = {
 FLAG_OF_FIELD = {field: "--" + dest.replace("_", "-") for dest, field in _ENGINE_FLAGS.items()}
 FLAG_OF_FIELD.update({f"persistence.{key}": "--" + dest.replace("_", "-")
                       for dest, key in _PERSISTENCE_FLAGS.items()})
+FLAG_OF_FIELD.update(FLAG_OF_KEY)
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -185,6 +187,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--hot-blocks-threshold", type=int, metavar="N",
                    help="write a block once served N times from memory; 0: every full prompt "
                         "block when computed (0)")
+    add_sparse_args(parser)
 
 
 def add_trace_arg(parser: argparse.ArgumentParser) -> None:
@@ -255,7 +258,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             if "storage_path" in persistence:
                 base["enabled"] = True
             cfg = cfg.replace(persistence={**base, **persistence})
-        return cfg
+        return apply_sparse_args(cfg, args)
     except FileNotFoundError:
         raise UsageError(f"config file {args.config!r} not found (check the --config path)") from None
     except OSError as e:

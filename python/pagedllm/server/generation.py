@@ -64,7 +64,8 @@ def sampling_params(state: ServerState, req: _SamplingRequest, max_tokens: int,
             frequency_penalty=req.frequency_penalty, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens, **knobs)
+            skip_special_tokens=req.skip_special_tokens,
+            sparse_attention=req.sparse_attention, **knobs)
     except ValueError as e:
         message = str(e).replace("SamplingParams.", "")
         raise bad_request(message, message.split(" ", 1)[0]) from None

@@ -117,6 +117,8 @@ class _SamplingRequest(_Body):
     cache_salt: Optional[str] = Field(None, min_length=1, max_length=1024)
     use_beam_search: bool = False
     length_penalty: Finite = 1.0
+    # pagedllm extension: block-sparse decode attention (keys of SparseAttentionConfig).
+    sparse_attention: Optional[Dict[str, Any]] = None
 
     def stop_list(self) -> List[str]:
         """The stop strings as a list (OpenAI allows one string or a list)."""

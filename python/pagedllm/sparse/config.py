@@ -114,5 +114,5 @@ def parse_sparse_attention(value: Any, where: str = "sparse_attention",
                          f"or 'dense')")
     try:
         return SparseAttentionConfig(**merged)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
+    except ValueError as e:  # "sparse_attention.<key>: ..." -> "<where>.<key>: ..."
+        raise ValueError(where + str(e).removeprefix("sparse_attention")) from None
