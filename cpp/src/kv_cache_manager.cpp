@@ -279,8 +279,26 @@ bool KVCacheManager::append_batch(const SeqId* seqs, const int32_t* counts, int3
 void KVCacheManager::fork(SeqId parent, SeqId child) {
   PAGEDLLM_CHECK_STATE(!contains(child), "fork: child sequence " << child << " already exists");
   const SeqState& p = state(parent);
-  for (BlockId b : p.table.blocks()) allocator_.incref(b);
+  for (BlockId b : p.table.blocks())
+    if (b != BlockTable::kDroppedBlock) allocator_.incref(b);
   seqs_.emplace(child, p);
+}
+
+int32_t KVCacheManager::drop_blocks(SeqId seq, int32_t begin, int32_t end) {
+  SeqState& s = state(seq);
+  const int32_t last = s.table.num_blocks() - 1;
+  PAGEDLLM_CHECK_INDEX(begin >= 0 && begin <= end && end <= std::max(last, 0),
+                       "drop_blocks: range [" << begin << ", " << end << ") of sequence " << seq
+                                              << " is outside [0, " << std::max(last, 0)
+                                              << ") (its blocks but the last, being written)");
+  int32_t dropped = 0;
+  for (int32_t i = begin; i < end; ++i) {
+    const BlockId b = s.table.drop_block(i);
+    if (b == BlockTable::kDroppedBlock) continue;
+    drop_ref(b);
+    ++dropped;
+  }
+  return dropped;
 }
 
 void KVCacheManager::drop_ref(BlockId b) {
@@ -297,7 +315,8 @@ void KVCacheManager::drop_ref(BlockId b) {
 void KVCacheManager::free(SeqId seq) {
   SeqState& s = state(seq);
   const auto& blocks = s.table.blocks();
-  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) drop_ref(*it);  // tail first
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it)  // tail first
+    if (*it != BlockTable::kDroppedBlock) drop_ref(*it);
   seqs_.erase(seq);
 }
 

@@ -38,5 +38,17 @@ TEST(BlockTable, BlocksForTokens) {
   EXPECT_THROW(BlockTable(0), Error);
 }
 
+TEST(BlockTable, DropBlockKeepsPositions) {
+  BlockTable t(4);
+  for (BlockId b : {7, 3, 9}) t.append_block(b);
+  EXPECT_EQ(t.drop_block(1), 3);
+  EXPECT_EQ(t.drop_block(1), BlockTable::kDroppedBlock);  // already dropped: no change
+  EXPECT_EQ(t.num_dropped(), 1);
+  EXPECT_EQ(t.num_blocks(), 3);
+  EXPECT_EQ(t.slot(9), 9 * 4 + 1);  // later positions unchanged
+  EXPECT_THROW(t.slot(5), Error);
+  EXPECT_THROW(t.drop_block(3), Error);
+}
+
 }  // namespace
 }  // namespace pagedllm

@@ -109,6 +109,50 @@ TEST(KVCacheManager, ForkSharesBlocksAndCopiesOnWrite) {
   EXPECT_EQ(m.stats().cow_copies, 1);
 }
 
+TEST(KVCacheManager, DropBlocksFreesUnsharedBlocksOnly) {
+  KVCacheManager m(8, 4, /*enable_prefix_caching=*/false);
+  admit(m, 1, iota_tokens(14));  // blocks 0, 1, 2 full; 3 holds 2 tokens
+  m.fork(1, 2);                  // every block shared
+  EXPECT_EQ(m.drop_blocks(1, 1, 3), 2);
+  EXPECT_EQ(m.block_table(1).blocks(),
+            (std::vector<BlockId>{0, BlockTable::kDroppedBlock, BlockTable::kDroppedBlock, 3}));
+  EXPECT_EQ(m.refcount(1), 1);  // still the child's
+  EXPECT_EQ(m.stats().used_blocks, 4);
+  EXPECT_EQ(m.drop_blocks(2, 0, 3), 3);  // the child lets go: blocks 1 and 2 are free now
+  EXPECT_EQ(m.refcount(0), 1);
+  EXPECT_EQ(m.refcount(1), 0);
+  EXPECT_EQ(m.stats().used_blocks, 2);
+  EXPECT_EQ(m.stats().free_blocks, 6);
+  EXPECT_EQ(m.stats().tokens_stored, 4 + 2);
+  EXPECT_EQ(m.drop_blocks(1, 1, 3), 0);  // idempotent
+  EXPECT_THROW(m.drop_blocks(1, 0, 4), Error);  // the block being written stays
+  // Appending still works; positions keep counting past the dropped blocks.
+  std::vector<Slot> slot(1);
+  std::vector<CowPair> cow;
+  const TokenId t = 99;
+  ASSERT_TRUE(m.append(1, &t, 1, slot.data(), cow));
+  ASSERT_EQ(cow.size(), 1u);  // block 3 is still shared with the child: copy-on-write
+  EXPECT_EQ(m.num_tokens(1), 15);
+  m.fork(1, 3);  // a fork of a table with dropped entries takes no reference for them
+  m.free(1);
+  m.free(2);
+  m.free(3);
+  EXPECT_EQ(m.stats().used_blocks, 0);
+  EXPECT_EQ(m.stats().free_blocks, 8);
+}
+
+TEST(KVCacheManager, DroppedCachedBlockIsParked) {
+  KVCacheManager m(8, 4);
+  admit(m, 1, iota_tokens(10));  // blocks 0, 1 full (cached), 2 partial
+  EXPECT_EQ(m.drop_blocks(1, 1, 2), 1);
+  EXPECT_EQ(m.stats().cached_blocks, 1);  // parked, reusable by a later prompt
+  admit(m, 2, iota_tokens(9));
+  EXPECT_EQ(m.block_table(2).blocks()[1], 1);  // the prefix hit found it
+  m.free(1);
+  m.free(2);
+  EXPECT_EQ(m.stats().used_blocks, 0);
+}
+
 TEST(KVCacheManager, FailedAppendChangesNothing) {
   KVCacheManager m(3, 4, /*enable_prefix_caching=*/false);
   admit(m, 1, iota_tokens(8));

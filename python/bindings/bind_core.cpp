@@ -242,6 +242,11 @@ void bind_manager(py::module_& m) {
           "append() for many sequences, all or nothing; returns (slots, cow) or None.")
       .def("fork", &KVCacheManager::fork, py::arg("parent_id"), py::arg("child_id"))
       .def("free", &KVCacheManager::free, py::arg("seq_id"))
+      .def("drop_blocks", &KVCacheManager::drop_blocks, py::arg("seq_id"), py::arg("begin"),
+           py::arg("end"),
+           "Drops logical blocks [begin, end) of seq_id (never read again; entries become -1, "
+           "positions keep counting); each is freed once no other table holds it. Returns the "
+           "blocks newly dropped.")
       .def("reset_prefix_cache", &KVCacheManager::reset_prefix_cache)
       .def("reset_peak", &KVCacheManager::reset_peak)
       .def("contains", &KVCacheManager::contains, py::arg("seq_id"))
@@ -266,7 +271,8 @@ void bind_manager(py::module_& m) {
             return out;
           },
           py::arg("seq_ids"), py::arg("width") = -1,
-          "Block tables as int32 [len(seq_ids), width], padded with 0; width -1 = widest table.")
+          "Block tables as int32 [len(seq_ids), width], padded with 0 (a dropped block: -1); "
+          "width -1 = widest table.")
       .def("refcount", [](const KVCacheManager& k, BlockId b) { return k.allocator().refcount(b); },
            py::arg("block_id"))
       .def("is_cached", [](const KVCacheManager& k, BlockId b) {

@@ -200,3 +200,25 @@ class TestBadLists:
                 self.out, self.q, kv.key_cache, kv.value_cache, kv.block_tables,
                 kv.context_lens, torch.tensor([0, 1, 2], dtype=torch.int32),
                 torch.tensor([0, 0], dtype=torch.int64), 0.125)
+
+
+def test_unlisted_table_entries_are_never_read(kernel):
+    """A dropped block's entry (-1, streaming) is fine while unlisted; listed, it is an error."""
+    gen = torch.Generator().manual_seed(6)
+    kv = make_paged_kv(gen, [100], 2, 64, 16, "auto", torch.float32)  # 7 blocks
+    q = torch.randn((1, 4, 64), generator=gen)
+    keep = [0, 4, 5, 6]
+    tables = kv.block_tables.clone()
+    tables[0, 1:4] = -1
+    ip, ix = to_csr([keep])
+    out, want = torch.empty_like(q), torch.empty_like(q)
+    _core.paged_attention_decode_sparse(want, q, kv.key_cache, kv.value_cache, kv.block_tables,
+                                        kv.context_lens, ip, ix, 0.125)
+    _core.paged_attention_decode_sparse(out, q, kv.key_cache, kv.value_cache, tables,
+                                        kv.context_lens, ip, ix, 0.125)
+    assert torch.equal(out, want)
+    ip, ix = to_csr([[0, 1, 6]])
+    with pytest.raises(IndexError, match=r"block_tables\[0\]\[1\] = -1 \(listed at sparse "
+                                         r"indices\[1\]\) is outside the pool"):
+        _core.paged_attention_decode_sparse(out, q, kv.key_cache, kv.value_cache, tables,
+                                            kv.context_lens, ip, ix, 0.125)

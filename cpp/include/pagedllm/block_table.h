@@ -2,8 +2,10 @@
 //
 // Logical block i of a sequence holds its tokens [i * block_size, (i + 1) * block_size).
 // The table only grows at the end (append_block); the one exception is copy-on-write, which
-// swaps the physical id of the block being written (replace_block). It knows nothing of
-// refcounts: the KVCacheManager keeps those in the BlockAllocator.
+// swaps the physical id of the block being written (replace_block). A block that will never
+// be read again (block-sparse streaming attention) can be dropped (drop_block): its entry
+// becomes kDroppedBlock and logical indices keep counting, so positions are unchanged. It
+// knows nothing of refcounts: the KVCacheManager keeps those in the BlockAllocator.
 // Thread-safety: none; owned by one KVCacheManager.
 #pragma once
 
@@ -16,6 +18,9 @@ namespace pagedllm {
 
 class BlockTable {
  public:
+  // The entry of a dropped logical block.
+  static constexpr BlockId kDroppedBlock = -1;
+
   // An empty table for blocks of `block_size` tokens (block_size >= 1).
   explicit BlockTable(int32_t block_size);
 
@@ -24,10 +29,18 @@ class BlockTable {
   // Replaces the physical block at logical index `index` (copy-on-write). Throws if out of range.
   void replace_block(int32_t index, BlockId id);
   // Removes every block (the caller has already dropped their references).
-  void clear() { blocks_.clear(); }
+  void clear() {
+    blocks_.clear();
+    num_dropped_ = 0;
+  }
+  // Marks logical block `index` dropped; returns its physical id, or kDroppedBlock when it
+  // already was. Throws IndexError when out of range.
+  BlockId drop_block(int32_t index);
+  // Logical blocks dropped so far.
+  int32_t num_dropped() const { return num_dropped_; }
 
   // Slot of the token at `position`: block_id * block_size + position % block_size.
-  // Throws IndexError when position is negative or beyond the blocks held.
+  // Throws IndexError when position is negative, beyond the blocks held or in a dropped block.
   Slot slot(int64_t position) const;
   // Physical block at logical index `index`; throws when out of range.
   BlockId block(int32_t index) const;
@@ -43,6 +56,7 @@ class BlockTable {
  private:
   int32_t block_size_;
   std::vector<BlockId> blocks_;
+  int32_t num_dropped_ = 0;
 };
 
 // Number of blocks needed to hold `num_tokens` tokens (ceil division).

@@ -112,6 +112,11 @@ class KVCacheManager {
   // --- sharing and release ------------------------------------------------------------------
   // Registers `child` as a copy of `parent` sharing every block (refcount + 1 each).
   void fork(SeqId parent, SeqId child);
+  // Drops logical blocks [begin, end) of `seq` from its table (never read again: block-sparse
+  // streaming attention); each loses this sequence's reference and goes back to the allocator
+  // (or to the prefix cache's parked list) once no other table holds it. The last block (the
+  // one being written) cannot be dropped. Returns the blocks newly dropped from the table.
+  int32_t drop_blocks(SeqId seq, int32_t begin, int32_t end);
   // Drops `seq`'s references (tail first) and forgets it. Cached blocks that reach refcount 0
   // are parked for later hits; the others become free.
   void free(SeqId seq);

@@ -63,6 +63,11 @@ SparseView::SparseView(const AttentionParams& p, const BlockSparseParams& s)
                          "sparse indices of list " << l << " must be strictly increasing: "
                                                    << s.indices[j - 1] << " then " << b
                                                    << " at indices[" << j << "]");
+      PAGEDLLM_CHECK_INDEX(row[b] >= 0 && row[b] < p.cache.num_blocks,
+                           "block_tables[" << seq << "][" << b << "] = " << row[b]
+                                           << " (listed at sparse indices[" << j
+                                           << "]) is outside the pool [0, " << p.cache.num_blocks
+                                           << ")");
       phys_[j] = row[b];
     }
     const int32_t n = end - begin;

@@ -19,8 +19,10 @@ namespace pagedllm::kernels {
 
 class SparseView {
  public:
-  // Checks `s` against `p` (list count, indptr, sorted ids inside each sequence's used blocks;
-  // throws pagedllm::Error naming the bad entry) and builds the compacted tables.
+  // Checks `s` against `p` (list count, indptr, sorted ids inside each sequence's used blocks,
+  // the listed blocks' physical ids inside the pool: unlisted table entries are never read and
+  // may be anything, e.g. -1 for a dropped block; throws pagedllm::Error naming the bad entry)
+  // and builds the compacted tables.
   SparseView(const AttentionParams& p, const BlockSparseParams& s);
 
   // The list of (sequence, KV head).

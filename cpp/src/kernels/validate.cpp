@@ -75,7 +75,7 @@ void validate_attention_sizes(const AttentionParams& p, bool prefill) {
   }
 }
 
-void validate_attention(const AttentionParams& p, bool prefill) {
+void validate_attention(const AttentionParams& p, bool prefill, bool check_tables) {
   validate_cache(p.cache);
   validate_attention_sizes(p, prefill);
   if (prefill) {
@@ -98,6 +98,7 @@ void validate_attention(const AttentionParams& p, bool prefill) {
                                                    << " query tokens but a context of only "
                                                    << len << " (new tokens must be cached first)");
     }
+    if (!check_tables) continue;
     const int32_t* row = p.block_tables + static_cast<int64_t>(s) * p.block_table_stride;
     const int32_t used = (len + p.cache.block_size - 1) / p.cache.block_size;
     for (int32_t b = 0; b < used; ++b) {

@@ -17,8 +17,9 @@ void validate_attention_sizes(const AttentionParams& p, bool prefill);
 
 // Sizes of the query/output, the GQA ratio, and per sequence: context length inside the table,
 // the blocks it uses inside the pool; prefill also cu_seqlens_q (0, non-decreasing, ends at
-// num_tokens, each q_len <= its context length).
-void validate_attention(const AttentionParams& p, bool prefill);
+// num_tokens, each q_len <= its context length). check_tables false skips the block ids (a
+// block-sparse call checks only the listed ones: see block_sparse.h).
+void validate_attention(const AttentionParams& p, bool prefill, bool check_tables = true);
 
 // Sizes of key/value and every slot in [-1, num_blocks * block_size).
 void validate_reshape_and_cache(const ReshapeAndCacheParams& p);

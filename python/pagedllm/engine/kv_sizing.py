@@ -128,6 +128,11 @@ def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int,
     watermark_blocks = min(int(config.watermark * num_blocks), num_blocks - 1)
     capacity = num_blocks * bs
     usable = (num_blocks - watermark_blocks) * bs  # what one admitted prompt may take
+    sparse = config.sparse_attention
+    if sparse is not None and sparse.strategy == "streaming":
+        # streaming frees the blocks that leave its window: a sequence's length is not
+        # bounded by the pool (its prompt still is, being prefilled densely)
+        capacity = max(capacity, model_max_len)
     if config.max_model_len is not None:
         if config.max_model_len > model_max_len:
             raise ValueError(

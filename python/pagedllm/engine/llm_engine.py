@@ -194,7 +194,8 @@ class LLMEngine:
             return prompt, self.tokenizer.encode(prompt)
         return None, [int(t) for t in prompt]
 
-    def _validate(self, request_id: str, ids: List[int], max_tokens: int) -> None:
+    def _validate(self, request_id: str, ids: List[int], max_tokens: int,
+                  params: Optional[SamplingParams] = None) -> None:
         vocab = self.model_config.vocab_size
         if not ids:
             raise ValueError(f"request {request_id}: the prompt is empty")
@@ -213,7 +214,7 @@ class LLMEngine:
                 f"request {request_id}: prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
                 f"{total} exceeds max_model_len ({self.max_model_len}){why}")
         bs = self.block_size
-        need = -(-total // bs)
+        need = self.scheduler.sparse.blocks_needed(params, len(ids), total)  # streaming: bounded
         admit = -(-len(ids) // bs)
         if need > self.plan.num_blocks or admit > self.plan.num_blocks - self.plan.watermark_blocks:
             raise ValueError(kv_diagnostics.admission_error(
@@ -250,7 +251,7 @@ class LLMEngine:
         ids, mm = self.images.prepare(ids, images_of(prompt))
         if params.max_tokens is None:
             params = dataclasses.replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
-        self._validate(request_id, ids, params.max_tokens)
+        self._validate(request_id, ids, params.max_tokens, params)
         req = Request(request_id, text, ids, params, extra_key, arrival_time, group, **mm)
         self.scheduler.add_request(req)
         self.num_prompt_tokens += len(ids)

@@ -385,7 +385,8 @@ class Scheduler:
         seq.num_preemptions += 1
         step.preempted.append(seq)
         self.running.remove(seq)
-        if self.preemption_mode == "swap" and self.host is not None:
+        if (self.preemption_mode == "swap" and self.host is not None
+                and not self.sparse.dropped_any(self.kv, seq.seq_id)):
             table = self.kv.block_table(seq.seq_id)
             host_ids = self.host.allocate_n(len(table)) if len(table) else []
             if host_ids is not None:
@@ -694,16 +695,17 @@ class Scheduler:
                 targets.append(SampleTarget(row, seq, req.params))
 
         seq_ids = np.fromiter((e.seq.seq_id for e in entries), dtype=np.int64, count=num_seqs)
+        context_lens = (starts + q_lens).astype(np.int32)
+        decode_params = [e.seq.request.params for e in entries[:num_decode]]
+        self.sparse.evict(self.kv, seq_ids[:num_decode], decode_params, context_lens[:num_decode])
         tables = self.kv.block_tables(seq_ids) if entries else np.zeros((0, 0), np.int32)
+        sparse = self.sparse.plan(decode_params, context_lens[:num_decode], tables[:num_decode])
         if self.tier is not None and self.tier.hot_blocks_threshold == 0 and entries:
             self._plan_stores(entries, tables, step)
         transfer = KVTransferPlan(
             swap_out=as_pairs(step.swap_out), swap_in=as_pairs(step.swap_in),
             copies=(np.concatenate(step.cow).astype(np.int64) if step.cow else as_pairs([])),
             loads=step.loads, stores=step.stores)
-        context_lens = (starts + q_lens).astype(np.int32)
-        sparse = self.sparse.plan([e.seq.request.params for e in entries[:num_decode]],
-                                  context_lens[:num_decode])
         return SchedulerOutput(
             scheduled=entries,
             num_decode_seqs=num_decode,

@@ -12,6 +12,7 @@ import numpy as np
 
 from pagedllm.sparse.config import SparseAttentionConfig
 from pagedllm.sparse.plan import SparsePlan, plan_step
+from pagedllm.sparse.registry import get_strategy
 
 
 class SparseScheduling:
@@ -30,6 +31,7 @@ class SparseScheduling:
         self.blocks_held_last_step = 0
         self.blocks_read_total = 0
         self.blocks_held_total = 0
+        self.blocks_dropped_total = 0
         self.force_plan = False  # plan (and run the sparse kernels) even when all blocks are read
 
     def config_for(self, params: Any) -> Optional[SparseAttentionConfig]:
@@ -57,12 +59,57 @@ class SparseScheduling:
         except ValueError as e:
             raise ValueError(f"SamplingParams.{e}") from None
 
-    def plan(self, params: Sequence[Any], context_lens: np.ndarray) -> Optional[SparsePlan]:
+    def evict(self, kv: Any, seq_ids: np.ndarray, params: Sequence[Any],
+              context_lens: np.ndarray) -> int:
+        """Streaming: drops the blocks that fell out of each decode sequence's window (between
+        the sink blocks and the last local_blocks) from its table; a block goes back to the
+        allocator once no other table (a fork, a prefix-cache hit) holds it.
+
+        Args:
+            kv: the KVCacheManager.
+            seq_ids: int64 [num_decode_seqs]; params: their requests' SamplingParams.
+            context_lens: int32 [num_decode_seqs], context after the step.
+        Returns:
+            Blocks dropped from the tables.
+        """
+        dropped = 0
+        for seq_id, p, n in zip(seq_ids.tolist(), params, context_lens.tolist()):
+            cfg = self.config_for(p)
+            if cfg is None or not cfg.enabled or n < cfg.min_context:
+                continue
+            if not get_strategy(cfg.strategy).frees_blocks:
+                continue
+            used = -(-n // self.block_size)
+            end = used - cfg.local_blocks
+            if used > 2 and end > cfg.sink_blocks:
+                dropped += kv.drop_blocks(seq_id, cfg.sink_blocks, end)
+        self.blocks_dropped_total += dropped
+        return dropped
+
+    def blocks_needed(self, params: Any, prompt_len: int, total_len: int) -> int:
+        """Blocks a request needs at its longest: every block of total_len tokens, or under
+        streaming its prompt's (prefilled densely) or the sink + window + the block being
+        filled, whichever is more."""
+        every = -(-total_len // self.block_size)
+        cfg = self.config_for(params)
+        if cfg is None or not cfg.enabled or not get_strategy(cfg.strategy).frees_blocks:
+            return every
+        window = cfg.sink_blocks + cfg.local_blocks + 1
+        return min(every, max(-(-prompt_len // self.block_size) + 1, window))
+
+    @staticmethod
+    def dropped_any(kv: Any, seq_id: int) -> bool:
+        """Whether the sequence's table has dropped blocks (it cannot be swapped out whole)."""
+        return bool((kv.block_table(seq_id) < 0).any())
+
+    def plan(self, params: Sequence[Any], context_lens: np.ndarray,
+             tables: np.ndarray) -> Optional[SparsePlan]:
         """The plan of a step's decode sequences (records the read/held counters).
 
         Args:
             params: per decode sequence, its request's SamplingParams.
             context_lens: int32 [num_decode_seqs], context after the step.
+            tables: int32 [num_decode_seqs, W] their block tables (-1: a dropped block).
         Returns:
             The plan, or None when every sequence reads all its blocks.
         """
@@ -70,8 +117,12 @@ class SparseScheduling:
         plan = None
         if any(c is not None and c.enabled for c in configs):
             plan = plan_step(configs, context_lens, self.block_size, self.force_plan)
-        held = int((-(-context_lens.astype(np.int64) // self.block_size)).sum())
+        used = -(-context_lens.astype(np.int64) // self.block_size)
+        cols = np.arange(tables.shape[1] if tables.ndim == 2 else 0)
+        held = int(((tables >= 0) & (cols[None, :] < used[:, None])).sum()) if len(used) else 0
         read = plan.blocks_read if plan is not None else held
+        if plan is not None:
+            plan.blocks_held = held
         self.blocks_read_last_step, self.blocks_held_last_step = read, held
         self.blocks_read_total += read
         self.blocks_held_total += held
@@ -86,4 +137,5 @@ class SparseScheduling:
             "sparse_blocks_read_total": self.blocks_read_total,
             "sparse_blocks_held_total": total,
             "sparse_read_fraction": self.blocks_read_total / total if total else 1.0,
+            "sparse_blocks_dropped": self.blocks_dropped_total,
         }

@@ -32,7 +32,8 @@ void paged_attention_prefill(const AttentionParams& p);
 
 // paged_attention_decode over only the logical blocks that `sparse` lists per sequence (or per
 // (sequence, KV head)); on all blocks it computes what the dense call does, bit for bit.
-// Throws for a list length, an unsorted list or a block outside the sequence's context.
+// Throws for a list length, an unsorted list or a block outside the sequence's context; only
+// the listed blocks' table entries are read (the rest may be anything, e.g. -1 when dropped).
 void paged_attention_decode_sparse(const AttentionParams& p, const BlockSparseParams& sparse);
 
 // paged_attention_prefill over the listed blocks only: query token i still sees only keys at
