@@ -63,9 +63,101 @@ void prefill_sparse(py::handle out, py::handle query, py::handle key_cache,
   k::paged_attention_prefill_sparse(p, s);
 }
 
+// The storage type of key bounds: kv_cache_dtype's fp8 format for uint8 bounds, else theirs.
+k::CacheType bound_type(const Tensor& t, const std::string& kv_cache_dtype) {
+  k::CacheType named = k::CacheType::kFloat32;
+  const bool explicit_type = k::parse_kv_cache_dtype(kv_cache_dtype, &named);
+  switch (t.dtype()) {
+    case DType::kFloat32: return k::CacheType::kFloat32;
+    case DType::kFloat16: return k::CacheType::kFloat16;
+    case DType::kBFloat16: return k::CacheType::kBFloat16;
+    case DType::kFloat8E4M3FN: return k::CacheType::kFp8E4M3;
+    case DType::kFloat8E5M2: return k::CacheType::kFp8E5M2;
+    case DType::kUInt8:
+      PAGEDLLM_CHECK_ARG(explicit_type && (named == k::CacheType::kFp8E4M3 ||
+                                           named == k::CacheType::kFp8E5M2),
+                         t.name() << " is uint8: kv_cache_dtype must name the fp8 format, got '"
+                                  << kv_cache_dtype << "'");
+      return named;
+    default: break;
+  }
+  PAGEDLLM_CHECK_ARG(false, t.name() << " must be a float or fp8 cache type, got " << t.describe());
+  return named;
+}
+
+void quest_select(py::handle query, py::handle key_min, py::handle key_max,
+                  py::handle block_tables, py::handle num_seq_blocks, py::handle budget, py::handle forced_indptr, py::handle forced_indices,
+                  py::handle out_indptr, py::handle out_indices,
+                  const std::string& kv_cache_dtype) {
+  const Tensor q(query, "query"), lo(key_min, "key_min"), hi(key_max, "key_max"),
+      bt(block_tables, "block_tables"), cl(num_seq_blocks, "num_seq_blocks"),
+      bu(budget, "budget"),
+      fp(forced_indptr, "forced_indptr"), fi(forced_indices, "forced_indices"),
+      op(out_indptr, "out_indptr"), oi(out_indices, "out_indices");
+  k::QuestSelectParams p;
+  for (const Tensor* t : {&lo, &hi}) {
+    t->require_cpu();
+    t->require_ndim(3);
+    t->require_inner_contiguous(2);
+  }
+  PAGEDLLM_CHECK_ARG(lo.dtype() == hi.dtype() && lo.size(0) == hi.size(0) &&
+                         lo.size(1) == hi.size(1) && lo.size(2) == hi.size(2) &&
+                         lo.stride(0) == hi.stride(0) && lo.stride(1) == hi.stride(1),
+                     "key_min " << lo.describe() << " and key_max " << hi.describe()
+                                << " must match in shape, dtype and strides");
+  p.num_blocks = to_i32(lo.size(0), "num_blocks");
+  p.num_kv_heads = to_i32(lo.size(1), "num_kv_heads");
+  p.head_dim = to_i32(lo.size(2), "head_dim");
+  p.bound_block_stride = lo.stride(0);
+  p.bound_head_stride = lo.stride(1);
+  p.bound_dtype = bound_type(lo, kv_cache_dtype);
+  p.key_min = lo.data();
+  p.key_max = hi.data();
+  check_activation(q, -1, p.head_dim);
+  p.query = q.data();
+  p.dtype = activation_type(q);
+  p.query_token_stride = q.stride(0);
+  p.query_head_stride = q.stride(1);
+  p.num_heads = to_i32(q.size(1), "num_heads");
+  bt.require_cpu();
+  bt.require_ndim(2);
+  PAGEDLLM_CHECK_ARG(bt.dtype() == DType::kInt32, "block_tables must be int32, got "
+                                                      << bt.describe());
+  bt.require_inner_contiguous(1);
+  p.num_seqs = to_i32(bt.size(0), "num_seqs");
+  PAGEDLLM_CHECK_ARG(q.size(0) == bt.size(0), "query has " << q.size(0) << " rows but block_tables "
+                                                           << bt.size(0));
+  p.block_tables = static_cast<const int32_t*>(bt.data());
+  p.block_table_stride = bt.stride(0);
+  p.max_blocks_per_seq = to_i32(bt.size(1), "max_blocks_per_seq");
+  check_index_1d(cl, p.num_seqs);
+  check_index_1d(bu, p.num_seqs);
+  check_index_1d(fp, static_cast<int64_t>(p.num_seqs) + 1);
+  check_index_1d(fi, -1);
+  check_index_1d(op, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads + 1);
+  check_index_1d(oi, -1);
+  oi.require_writable();
+  p.num_seq_blocks = static_cast<const int32_t*>(cl.data());
+  p.budget = static_cast<const int32_t*>(bu.data());
+  p.forced_indptr = static_cast<const int32_t*>(fp.data());
+  p.forced_indices = static_cast<const int32_t*>(fi.data());
+  p.num_forced = to_i32(fi.size(0), "forced ids");
+  p.out_indptr = static_cast<const int32_t*>(op.data());
+  p.out_indices = static_cast<int32_t*>(oi.data());
+  p.num_out = to_i32(oi.size(0), "output ids");
+  py::gil_scoped_release release;
+  k::quest_select(p);
+}
+
 }  // namespace
 
 void bind_sparse_kernels(py::module_& m) {
+  m.def("quest_select", &quest_select, py::arg("query"), py::arg("key_min"), py::arg("key_max"),
+        py::arg("block_tables"), py::arg("num_seq_blocks"), py::arg("budget"), py::arg("forced_indptr"), py::arg("forced_indices"),
+        py::arg("out_indptr"), py::arg("out_indices"), py::arg("kv_cache_dtype") = "auto",
+        "Quest's per-(sequence, KV head) block choice from per-block key bounds [num_blocks, "
+        "num_kv_heads, head_dim]: the forced blocks plus the best upper bounds of q.k up to "
+        "budget blocks (0: the forced list), sorted, written into out_indices at out_indptr.");
   m.def("paged_attention_decode_sparse", &decode_sparse, py::arg("out"), py::arg("query"),
         py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
         py::arg("context_lens"), py::arg("sparse_indptr"), py::arg("sparse_indices"),

@@ -14,7 +14,7 @@ from pagedllm.model.config import ModelConfig
 from pagedllm.sparse.fp8 import as_float
 from pagedllm.sparse.key_bounds import update_key_bounds
 from pagedllm.sparse.plan import SparsePlan
-from pagedllm.sparse.quest_select import quest_lists
+from pagedllm.sparse.quest_select import _torch_indices, quest_lists
 
 CFG = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
            intermediate_size=64, vocab_size=32, max_position_embeddings=4096)
@@ -82,11 +82,19 @@ def ref_quest(q, lo, hi, table, n_blocks, forced, budget, kvh):
     return out
 
 
-def test_quest_choice_matches_reference():
+@pytest.mark.parametrize("path", ["kernel", "torch"])
+@pytest.mark.parametrize("storage", ["auto", "bf16", "fp8_e4m3"])
+def test_quest_choice_matches_reference(path, storage):
     gen = torch.Generator().manual_seed(0)
     kvh, heads, hd, pool = 2, 4, 8, 40
     lo = torch.randn((pool, kvh, hd), generator=gen, dtype=torch.float64).float()
     hi = lo + torch.rand((pool, kvh, hd), generator=gen)
+    if storage == "bf16":  # bounds stored in the cache's type, read exactly
+        lo, hi = lo.bfloat16(), hi.bfloat16()
+    elif storage == "fp8_e4m3":
+        lo = lo.to(torch.float8_e4m3fn).view(torch.uint8)
+        hi = hi.to(torch.float8_e4m3fn).view(torch.uint8)
+    lo_ref, hi_ref = as_float(lo, storage).double(), as_float(hi, storage).double()
     q = torch.randn((3, heads, hd), generator=gen)
     tables = torch.stack([torch.randperm(pool, generator=gen)[:20] for _ in range(3)]).int()
     nb = np.array([20, 4, 13], dtype=np.int32)
@@ -95,13 +103,36 @@ def test_quest_choice_matches_reference():
     indptr = np.zeros(4, dtype=np.int32)
     np.cumsum([len(s) for s in static], out=indptr[1:])
     plan = SparsePlan(indptr, np.concatenate(static).astype(np.int32), budgets, nb, 0, 0)
-    ip, ix = quest_lists(q, lo, hi, tables, plan, "auto")
+    if path == "kernel":
+        ip, ix = quest_lists(q, lo, hi, tables, plan, storage)
+    else:
+        ip, ix = quest_lists(q, lo, hi, tables, plan, storage)[0], _torch_indices(
+            q, lo, hi, tables, plan, storage)
     got = [ix[ip[i]:ip[i + 1]].tolist() for i in range(3 * kvh)]
     want = []
     for s in range(3):
         if budgets[s]:
-            want += ref_quest(q[s].double(), lo.double(), hi.double(), tables[s].tolist(),
+            want += ref_quest(q[s].double(), lo_ref, hi_ref, tables[s].tolist(),
                               int(nb[s]), set(static[s]), int(budgets[s]), kvh)
         else:
             want += [static[s]] * kvh
     assert got == want
+
+
+def test_quest_kernel_rejects_bad_sizes():
+    from pagedllm import _core
+
+    lo = torch.zeros((10, 2, 8))
+    q = torch.zeros((1, 4, 8))
+    tables = torch.arange(10, dtype=torch.int32)[None]
+    i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
+    out = torch.empty(6, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"budget\[0\] = 11 must be 0 or in \[1, 10\]"):
+        _core.quest_select(q, lo, lo, tables, i32([10]), i32([11]), i32([0, 1]), i32([0]),
+                           i32([0, 3, 6]), out)
+    with pytest.raises(ValueError, match=r"out list 0 has room for 3 ids, expected 4"):
+        _core.quest_select(q, lo, lo, tables, i32([10]), i32([4]), i32([0, 1]), i32([0]),
+                           i32([0, 3, 6]), out)
+    with pytest.raises(IndexError, match=r"forced_indices\[0\] = 12 must increase inside"):
+        _core.quest_select(q, lo, lo, tables, i32([10]), i32([3]), i32([0, 1]), i32([12]),
+                           i32([0, 3, 6]), out)

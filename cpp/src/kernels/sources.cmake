@@ -10,6 +10,7 @@ target_sources(pagedllm_core PRIVATE
   ${_pagedllm_kernels_dir}/engine_generic.cpp
   ${_pagedllm_kernels_dir}/attention.cpp
   ${_pagedllm_kernels_dir}/block_sparse.cpp
+  ${_pagedllm_kernels_dir}/quest_select.cpp
   ${_pagedllm_kernels_dir}/reshape_and_cache.cpp
   ${_pagedllm_kernels_dir}/copy_blocks.cpp
   ${_pagedllm_kernels_dir}/rms_norm.cpp

@@ -35,10 +35,11 @@ def update_key_bounds(key_cache: torch.Tensor, kmin: torch.Tensor, kmax: torch.T
     # fill[i]: rows of block touched[i] written so far (tokens are appended in order)
     fill = torch.zeros(touched.shape[0], dtype=torch.int64, device=slots.device)
     fill.scatter_reduce_(0, inverse, slots % block_size + 1, reduce="amax")
-    keys = as_float(key_cache[touched], kv_dtype)  # [n, kvh, block_size, head_dim] float32
+    # index_select, not key_cache[touched]: advanced indexing of a strided pool view is slow
+    keys = as_float(key_cache.index_select(0, touched), kv_dtype)  # [n, kvh, bs, hd] float32
     rows = torch.arange(block_size, device=slots.device)
     empty = (rows[None, :] >= fill[:, None])[:, None, :, None]  # [n, 1, block_size, 1]
     lo = keys.masked_fill(empty, float("inf")).amin(dim=2)   # [n, kvh, head_dim]
     hi = keys.masked_fill(empty, float("-inf")).amax(dim=2)
-    kmin[touched] = from_float(lo, kmin.dtype, kv_dtype)
-    kmax[touched] = from_float(hi, kmax.dtype, kv_dtype)
+    kmin.index_copy_(0, touched, from_float(lo, kmin.dtype, kv_dtype))
+    kmax.index_copy_(0, touched, from_float(hi, kmax.dtype, kv_dtype))

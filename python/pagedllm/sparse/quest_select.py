@@ -3,9 +3,10 @@ with the largest upper bound of q.k, computed from the block's key bounds (Quest
 
     ub(block) = sum_d max(q_d * min_d, q_d * max_d) = q+ . max + q- . min
 
-maximised over the query heads of the GQA group, the always-read blocks forced in. All of it
-is torch on the pool's device (no host sync): every list's length is known on the host (its
-budget, or its static list's length), so indptr is built there.
+maximised over the query heads of the GQA group, the always-read blocks forced in. On the CPU
+the C++ kernel `_core.quest_select` does it on the kernel thread pool; on a GPU it is torch on
+the pool's device (no host sync). Every list's length is known on the host (its budget, or its
+static list's length), so indptr is built there.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pagedllm import _core
 from pagedllm.sparse.fp8 import as_float
 from pagedllm.sparse.plan import SparsePlan
 
@@ -34,15 +36,32 @@ def quest_lists(query: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
     """
     nd, heads, hd = query.shape
     kvh = kmin.shape[1]
+    lengths = np.where(plan.budget > 0, plan.budget, np.diff(plan.indptr)).repeat(kvh)
+    indptr = np.zeros(nd * kvh + 1, dtype=np.int32)
+    np.cumsum(lengths, out=indptr[1:])
+    if query.device.type == "cpu":
+        out = torch.empty(int(indptr[-1]), dtype=torch.int32)
+        _core.quest_select(query, kmin, kmax, block_tables, plan.num_blocks, plan.budget,
+                           plan.indptr, plan.indices, indptr, out, kv_dtype)
+        return torch.from_numpy(indptr), out
+    return torch.from_numpy(indptr), _torch_indices(query, kmin, kmax, block_tables, plan,
+                                                    kv_dtype)
+
+
+def _torch_indices(query: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
+                   block_tables: torch.Tensor, plan: SparsePlan, kv_dtype: str) -> torch.Tensor:
+    """quest_lists' indices with torch ops on the query's device (the GPU path)."""
+    nd, heads, hd = query.shape
+    kvh = kmin.shape[1]
     dev = query.device
     quest = np.flatnonzero(plan.budget > 0)
     top = None
     if len(quest):
         width = int(plan.num_blocks[quest].max())
         rows = torch.as_tensor(quest, device=dev)
-        phys = block_tables[rows, :width].long()                      # [nq, width]
-        lo = as_float(kmin[phys], kv_dtype)                          # [nq, width, kvh, hd]
-        hi = as_float(kmax[phys], kv_dtype)
+        phys = block_tables[rows, :width].long().reshape(-1)          # [nq * width]
+        lo = as_float(kmin.index_select(0, phys), kv_dtype).view(len(quest), width, kvh, hd)
+        hi = as_float(kmax.index_select(0, phys), kv_dtype).view(len(quest), width, kvh, hd)
         q = query[rows].float().view(len(quest), kvh, heads // kvh, hd)  # [nq, kvh, g, hd]
         ub = (torch.einsum("nhgd,nbhd->nhgb", q.clamp(min=0), hi)
               + torch.einsum("nhgd,nbhd->nhgb", q.clamp(max=0), lo)).amax(dim=2)  # [nq, kvh, w]
@@ -56,18 +75,14 @@ def quest_lists(query: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
         ub = ub.masked_fill(forced[:, None, :], float("inf"))
         k = int(plan.budget[quest].max())
         top = ub.topk(min(k, width), dim=-1).indices                # [nq, kvh, k]
-    pieces, lengths = [], []
+    pieces = []
     slot = {int(s): j for j, s in enumerate(quest)}
     for s in range(nd):
         if s in slot:
             b = int(plan.budget[s])
             chosen = top[slot[s], :, :b].sort(dim=-1).values           # [kvh, b]
             pieces.append(chosen.reshape(-1).to(torch.int32))
-            lengths += [b] * kvh
         else:
             ids = plan.indices[plan.indptr[s]:plan.indptr[s + 1]]
             pieces.append(torch.as_tensor(np.tile(ids, kvh), device=dev))
-            lengths += [len(ids)] * kvh
-    indptr = np.zeros(nd * kvh + 1, dtype=np.int32)
-    np.cumsum(lengths, out=indptr[1:])
-    return torch.from_numpy(indptr), torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int32)
+    return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int32, device=dev)

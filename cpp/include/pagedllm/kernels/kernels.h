@@ -40,6 +40,12 @@ void paged_attention_decode_sparse(const AttentionParams& p, const BlockSparsePa
 // positions <= its own, of the listed blocks (list the blocks holding the new tokens).
 void paged_attention_prefill_sparse(const AttentionParams& p, const BlockSparseParams& sparse);
 
+// Quest's choice: for each sequence with a budget and each KV head, its forced blocks plus the
+// blocks of largest bound sum_d max(q_d min_d, q_d max_d) (maximised over the GQA group) up to
+// budget blocks, sorted, into out_indices at out_indptr; budget 0 copies the forced list to
+// every head. Throws (before writing) for inconsistent sizes, lists or ids.
+void quest_select(const QuestSelectParams& p);
+
 // Copies block src to block dst in every pool. Destinations must be distinct and must not also
 // be sources (so the pairs can run in parallel).
 void copy_blocks(const CopyBlocksParams& p);

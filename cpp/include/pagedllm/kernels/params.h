@@ -120,4 +120,34 @@ struct BlockSparseParams {
   int32_t num_indices = 0;
 };
 
+// quest_select: per (sequence, KV head) the blocks with the largest upper bound of q.k (Quest),
+// from per-block key bounds; the caller sizes the output lists (out_indptr).
+struct QuestSelectParams {
+  const void* query = nullptr;         // [num_seqs, num_heads, head_dim], last dim contiguous
+  ScalarType dtype = ScalarType::kFloat32;
+  int64_t query_token_stride = 0;
+  int64_t query_head_stride = 0;
+  int32_t num_heads = 0;
+  const void* key_min = nullptr;       // [num_blocks, num_kv_heads, head_dim], last dim contiguous
+  const void* key_max = nullptr;       // same layout and strides as key_min
+  int64_t bound_block_stride = 0;      // elements
+  int64_t bound_head_stride = 0;
+  CacheType bound_dtype = CacheType::kFloat32;
+  int32_t num_blocks = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  int64_t block_table_stride = 0;
+  int32_t max_blocks_per_seq = 0;
+  const int32_t* num_seq_blocks = nullptr;  // [num_seqs] blocks each sequence uses
+  const int32_t* budget = nullptr;        // [num_seqs] blocks per KV head; 0: the forced list
+  const int32_t* forced_indptr = nullptr; // [num_seqs + 1] CSR of the always-read blocks
+  const int32_t* forced_indices = nullptr;
+  int32_t num_forced = 0;
+  int32_t num_seqs = 0;
+  const int32_t* out_indptr = nullptr;    // [num_seqs * num_kv_heads + 1]
+  int32_t* out_indices = nullptr;         // [out_indptr[-1]]
+  int32_t num_out = 0;
+};
+
 }  // namespace pagedllm::kernels
