@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from cpu_engines import ENGINES, restore, use_engine
 from pagedllm import ops
 from pagedllm.model import PagedKVCache
 from pagedllm.model.config import ModelConfig
@@ -82,8 +83,16 @@ def ref_quest(q, lo, hi, table, n_blocks, forced, budget, kvh):
     return out
 
 
-@pytest.mark.parametrize("path", ["kernel", "torch"])
-@pytest.mark.parametrize("storage", ["auto", "bf16", "fp8_e4m3"])
+@pytest.fixture(params=ENGINES + ["torch"])
+def path(request):
+    """The C++ kernel on each CPU engine (those this machine lacks are skipped), then torch."""
+    if request.param != "torch":
+        use_engine(request.param)
+    yield request.param
+    restore()
+
+
+@pytest.mark.parametrize("storage", ["auto", "bf16", "fp8_e4m3", "fp8_e5m2"])
 def test_quest_choice_matches_reference(path, storage):
     gen = torch.Generator().manual_seed(0)
     kvh, heads, hd, pool = 2, 4, 8, 40
@@ -91,9 +100,9 @@ def test_quest_choice_matches_reference(path, storage):
     hi = lo + torch.rand((pool, kvh, hd), generator=gen)
     if storage == "bf16":  # bounds stored in the cache's type, read exactly
         lo, hi = lo.bfloat16(), hi.bfloat16()
-    elif storage == "fp8_e4m3":
-        lo = lo.to(torch.float8_e4m3fn).view(torch.uint8)
-        hi = hi.to(torch.float8_e4m3fn).view(torch.uint8)
+    elif storage.startswith("fp8"):
+        f8 = torch.float8_e4m3fn if storage == "fp8_e4m3" else torch.float8_e5m2
+        lo, hi = lo.to(f8).view(torch.uint8), hi.to(f8).view(torch.uint8)
     lo_ref, hi_ref = as_float(lo, storage).double(), as_float(hi, storage).double()
     q = torch.randn((3, heads, hd), generator=gen)
     tables = torch.stack([torch.randperm(pool, generator=gen)[:20] for _ in range(3)]).int()
@@ -103,7 +112,7 @@ def test_quest_choice_matches_reference(path, storage):
     indptr = np.zeros(4, dtype=np.int32)
     np.cumsum([len(s) for s in static], out=indptr[1:])
     plan = SparsePlan(indptr, np.concatenate(static).astype(np.int32), budgets, nb, 0, 0)
-    if path == "kernel":
+    if path != "torch":
         ip, ix = quest_lists(q, lo, hi, tables, plan, storage)
     else:
         ip, ix = quest_lists(q, lo, hi, tables, plan, storage)[0], _torch_indices(

@@ -393,6 +393,8 @@ void paged_attention_prefill_sparse(const AttentionParams& p, const BlockSparseP
   run_prefill(p, &sv);
 }
 
+const EngineOps& current_engine() { return engine(); }
+
 std::string active_cpu_kernel() { return engine().name; }
 
 void set_cpu_engine(const std::string& name) {

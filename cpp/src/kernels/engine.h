@@ -35,6 +35,24 @@ struct AttendTask {
   CacheType cache_dtype = CacheType::kFloat32;
 };
 
+// Quest's block scores for one (sequence, KV head): for each listed block b,
+// score[i] = max over the group's query heads g of sum_d (qp[g][d] hi_b[d] + qn[g][d] lo_b[d]),
+// with lo_b / hi_b the block's key-bound rows (read like cache rows: fp8 e4m3 values come
+// times e4m3_read_mul, a common factor that leaves the ranking unchanged).
+struct BoundsTask {
+  const float* qp = nullptr;          // [group, head_dim] max(q, 0)
+  const float* qn = nullptr;          // [group, head_dim] min(q, 0)
+  int32_t group = 0;
+  const uint8_t* key_min = nullptr;   // the head's row of block 0 (+ id * block_stride_bytes)
+  const uint8_t* key_max = nullptr;
+  int64_t block_stride_bytes = 0;
+  const int32_t* blocks = nullptr;    // [num_blocks] physical ids
+  int32_t num_blocks = 0;
+  int32_t head_dim = 0;               // multiple of 8
+  CacheType dtype = CacheType::kFloat32;
+  float* score = nullptr;             // [num_blocks]
+};
+
 // Engine entry points of one instruction set.
 struct EngineOps {
   const char* name;
@@ -43,7 +61,12 @@ struct EngineOps {
   // The engine reads an fp8 e4m3 element as its value times this power of two (a cheaper
   // decode); the caller multiplies the query and the output by its inverse, exactly.
   float e4m3_read_mul;
+  // Scores the blocks of one BoundsTask.
+  void (*score_bounds)(const BoundsTask& task);
 };
+
+// The engine the attention calls dispatch to (attention.cpp: chosen at the first call).
+const EngineOps& current_engine();
 
 // The portable engine (always compiled).
 const EngineOps& generic_engine();

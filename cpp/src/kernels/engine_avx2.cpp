@@ -151,7 +151,7 @@ namespace pagedllm::kernels {
 
 const EngineOps& avx2_engine() {
   static const EngineOps ops{"avx2", &PAGEDLLM_ENGINE_NS::attend_task,
-                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul};
+                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul, &PAGEDLLM_ENGINE_NS::score_bounds};
   return ops;
 }
 

@@ -184,7 +184,7 @@ namespace pagedllm::kernels {
 
 const EngineOps& avx512_engine() {
   static const EngineOps ops{"avx512", &PAGEDLLM_ENGINE_NS::attend_task,
-                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul};
+                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul, &PAGEDLLM_ENGINE_NS::score_bounds};
   return ops;
 }
 

@@ -101,7 +101,7 @@ namespace pagedllm::kernels {
 
 const EngineOps& generic_engine() {
   static const EngineOps ops{"generic", &PAGEDLLM_ENGINE_NS::attend_task,
-                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul};
+                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul, &PAGEDLLM_ENGINE_NS::score_bounds};
   return ops;
 }
 

@@ -346,6 +346,46 @@ void attend_typed(const AttendTask& task) {
   }
 }
 
+// Quest bounds of one (sequence, KV head), see BoundsTask.
+template <CacheType CT>
+void score_bounds_typed(const BoundsTask& t) {
+  constexpr int es = cache_elem_size<CT>();
+  const int hd = t.head_dim;
+  for (int i = 0; i < t.num_blocks; ++i) {
+    const int64_t off = static_cast<int64_t>(t.blocks[i]) * t.block_stride_bytes;
+    const uint8_t* lo = t.key_min + off;
+    const uint8_t* hi = t.key_max + off;
+    float best = kNegInf;
+    for (int g = 0; g < t.group; ++g) {
+      const float* qp = t.qp + g * hd;
+      const float* qn = t.qn + g * hd;
+      V acc = vzero();
+      int d = 0;
+      for (; d + kW <= hd; d += kW) {
+        acc = vfmadd(vload(qp + d), vload_cache<CT>(hi + d * es), acc);
+        acc = vfmadd(vload(qn + d), vload_cache<CT>(lo + d * es), acc);
+      }
+      for (; d < hd; d += 8) {  // kW = 16 only: a tail of 8 elements
+        acc = vfmadd(vload8(qp + d), vload_cache8<CT>(hi + d * es), acc);
+        acc = vfmadd(vload8(qn + d), vload_cache8<CT>(lo + d * es), acc);
+      }
+      const float ub = vhsum(acc);
+      best = ub > best ? ub : best;
+    }
+    t.score[i] = best;
+  }
+}
+
+void score_bounds(const BoundsTask& t) {
+  switch (t.dtype) {
+    case CacheType::kFloat32: score_bounds_typed<CacheType::kFloat32>(t); return;
+    case CacheType::kFloat16: score_bounds_typed<CacheType::kFloat16>(t); return;
+    case CacheType::kBFloat16: score_bounds_typed<CacheType::kBFloat16>(t); return;
+    case CacheType::kFp8E4M3: score_bounds_typed<CacheType::kFp8E4M3>(t); return;
+    case CacheType::kFp8E5M2: score_bounds_typed<CacheType::kFp8E5M2>(t); return;
+  }
+}
+
 void attend_task(const AttendTask& task) {
   switch (task.cache_dtype) {
     case CacheType::kFloat32: attend_typed<CacheType::kFloat32>(task); return;

@@ -1,7 +1,8 @@
 // quest_select: Quest's query-aware block choice on the CPU, one task per (sequence, KV head)
-// on the kernel thread pool. Per block: the bounds rows (min, max of the block's keys, in the
-// cache's storage type) are read as float32, and for each query head g of the GQA group
-// ub_g = sum_d (max(q_gd, 0) max_d + min(q_gd, 0) min_d); the block's score is max_g ub_g.
+// on the kernel thread pool. Per block, the attention engine in use (engine.h: score_bounds,
+// the same vector operations as its attention loop) reads the bounds rows (min, max of the
+// block's keys, in the cache's storage type) and for each query head g of the GQA group
+// computes ub_g = sum_d (max(q_gd, 0) max_d + min(q_gd, 0) min_d); the score is max_g ub_g.
 // Forced blocks score +inf; the budget's best are kept (nth_element), then sorted by id.
 // The bounds are 2 rows per block against block_size K and V rows, so this reads
 // 1 / block_size of what dense attention reads.
@@ -10,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "engine.h"
 #include "pagedllm/error.h"
 #include "pagedllm/kernels/convert.h"
 #include "pagedllm/kernels/kernels.h"
@@ -27,7 +29,9 @@ void validate_quest(const QuestSelectParams& p) {
                                                  << ") must be a positive multiple of "
                                                     "num_kv_heads ("
                                                  << p.num_kv_heads << ")");
-  PAGEDLLM_CHECK_ARG(p.head_dim >= 1, "quest_select: head_dim must be >= 1, got " << p.head_dim);
+  PAGEDLLM_CHECK_ARG(p.head_dim >= 8 && p.head_dim <= 512 && p.head_dim % 8 == 0,
+                     "quest_select: head_dim must be a multiple of 8 in [8, 512], got "
+                         << p.head_dim);
   PAGEDLLM_CHECK_ARG(p.forced_indptr[0] == 0 && p.forced_indptr[p.num_seqs] == p.num_forced,
                      "quest_select: forced_indptr must run from 0 to the number of forced ids ("
                          << p.num_forced << ")");
@@ -74,11 +78,6 @@ void validate_quest(const QuestSelectParams& p) {
   }
 }
 
-// dst[0, n) = the bounds row as float32.
-void load_bounds(const void* base, CacheType t, int64_t offset, int n, float* dst) {
-  for (int d = 0; d < n; ++d) dst[d] = load_cache_scalar(base, t, offset + d);
-}
-
 }  // namespace
 
 void quest_select(const QuestSelectParams& p) {
@@ -99,7 +98,7 @@ void quest_select(const QuestSelectParams& p) {
     }
     const int used = p.num_seq_blocks[s];
     // q+ and q- of the group's heads: [group, hd] each
-    std::vector<float> qp(static_cast<size_t>(group) * hd), qn(qp.size()), lo(hd), hi(hd);
+    std::vector<float> qp(static_cast<size_t>(group) * hd), qn(qp.size());
     for (int g = 0; g < group; ++g) {
       const int64_t off = s * p.query_token_stride + (h * group + g) * p.query_head_stride;
       for (int d = 0; d < hd; ++d) {
@@ -109,19 +108,20 @@ void quest_select(const QuestSelectParams& p) {
       }
     }
     std::vector<float> score(static_cast<size_t>(used));
-    const int32_t* row = p.block_tables + static_cast<int64_t>(s) * p.block_table_stride;
-    for (int b = 0; b < used; ++b) {
-      const int64_t off = row[b] * p.bound_block_stride + h * p.bound_head_stride;
-      load_bounds(p.key_min, p.bound_dtype, off, hd, lo.data());
-      load_bounds(p.key_max, p.bound_dtype, off, hd, hi.data());
-      float best = -INFINITY;
-      for (int g = 0; g < group; ++g) {
-        float ub = 0.0f;
-        for (int d = 0; d < hd; ++d) ub += qp[g * hd + d] * hi[d] + qn[g * hd + d] * lo[d];
-        best = std::max(best, ub);
-      }
-      score[b] = best;
-    }
+    const int es = element_size(p.bound_dtype);
+    BoundsTask t;
+    t.qp = qp.data();
+    t.qn = qn.data();
+    t.group = group;
+    t.key_min = static_cast<const uint8_t*>(p.key_min) + h * p.bound_head_stride * es;
+    t.key_max = static_cast<const uint8_t*>(p.key_max) + h * p.bound_head_stride * es;
+    t.block_stride_bytes = p.bound_block_stride * es;
+    t.blocks = p.block_tables + static_cast<int64_t>(s) * p.block_table_stride;
+    t.num_blocks = used;
+    t.head_dim = hd;
+    t.dtype = p.bound_dtype;
+    t.score = score.data();
+    current_engine().score_bounds(t);
     for (int j = 0; j < num_forced; ++j) score[forced[j]] = INFINITY;
     std::vector<int32_t> ids(static_cast<size_t>(used));
     std::iota(ids.begin(), ids.end(), 0);
