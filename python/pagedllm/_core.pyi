@@ -117,6 +117,10 @@ class KVCacheManager:
                      ) -> Optional[Tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]]: ...
     def fork(self, parent_id: int, child_id: int) -> None: ...
     def free(self, seq_id: int) -> None: ...
+    def drop_blocks(self, seq_id: int, begin: int, end: int) -> int:
+        """Drops logical blocks [begin, end) of seq_id (never read again; entries become -1,
+        positions keep counting; the last block cannot be dropped); each is freed once no other
+        table holds it. Returns the blocks newly dropped."""
     def reset_prefix_cache(self) -> None: ...
     def reset_peak(self) -> None: ...
     def contains(self, seq_id: int) -> bool: ...
@@ -161,6 +165,29 @@ def paged_attention_prefill(out: Tensor, query: Tensor, key_cache: Tensor, value
     """query/out: [num_tokens, num_heads, head_dim], the new tokens of each sequence packed;
     cu_seqlens_q: [num_seqs + 1] int32. Query token i of a sequence with context length L and
     q_len Q is at position L - Q + i and attends keys 0 .. L - Q + i."""
+def paged_attention_decode_sparse(out: Tensor, query: Tensor, key_cache: Tensor,
+                                  value_cache: Tensor, block_tables: Tensor, context_lens: Tensor,
+                                  sparse_indptr: Tensor, sparse_indices: Tensor, scale: float,
+                                  kv_cache_dtype: str = "auto", k_scale: float = 1.0,
+                                  v_scale: float = 1.0) -> None:
+    """paged_attention_decode over the listed logical blocks only: sparse_indptr
+    [num_seqs + 1] or [num_seqs * num_kv_heads + 1] int32, sparse_indices the lists' block ids
+    (strictly increasing per list, inside each sequence's used blocks). Only listed table
+    entries are read. All blocks == dense bit for bit."""
+def paged_attention_prefill_sparse(out: Tensor, query: Tensor, key_cache: Tensor,
+                                   value_cache: Tensor, block_tables: Tensor,
+                                   cu_seqlens_q: Tensor, context_lens: Tensor,
+                                   sparse_indptr: Tensor, sparse_indices: Tensor, scale: float,
+                                   kv_cache_dtype: str = "auto", k_scale: float = 1.0,
+                                   v_scale: float = 1.0) -> None:
+    """paged_attention_prefill over the listed blocks only (CSR as for decode)."""
+def quest_select(query: Tensor, key_min: Tensor, key_max: Tensor, block_tables: Tensor,
+                 num_seq_blocks: Tensor, budget: Tensor, forced_indptr: Tensor,
+                 forced_indices: Tensor, out_indptr: Tensor, out_indices: Tensor,
+                 kv_cache_dtype: str = "auto") -> None:
+    """Quest's choice per (sequence, KV head): the forced blocks plus the blocks of largest
+    bound of q.k from key_min / key_max [num_blocks, num_kv_heads, head_dim], up to budget
+    blocks (0: the forced list), sorted, written into out_indices at out_indptr."""
 def copy_blocks(caches: Sequence[Tensor], block_mapping: Tensor) -> None:
     """Copies block src -> dst (block_mapping int32/int64 [k, 2]) in every tensor of caches
     (first dim blocks). Destinations must be distinct and not also sources."""
