@@ -97,6 +97,20 @@ def test_forks_share_and_free(engine_model_dir, prompts):  # noqa: F811
     _assert_no_leak(llm)
 
 
+@pytest.mark.parametrize("strategy", ["quest", "streaming", "fixed_pattern"])
+def test_beam_search_forks_share_and_free(engine_model_dir, prompts, strategy):  # noqa: F811
+    from pagedllm.sampling_params import BeamSearchParams
+
+    llm = _llm(engine_model_dir, sparse_attention={"strategy": strategy, "token_budget": 16,
+                                                   "local_blocks": 2})
+    outs = llm.beam_search([{"prompt_token_ids": prompts[0]}],
+                           BeamSearchParams(beam_width=3, max_tokens=30, ignore_eos=True))
+    assert len(outs[0].sequences) == 3
+    stats = llm.kv_cache_stats()
+    assert stats["sparse_blocks_read_total"] > 0
+    _assert_no_leak(llm)
+
+
 def test_quest_per_request_without_bounds_is_a_clean_error(engine_model_dir, prompts):  # noqa: F811
     llm = _llm(engine_model_dir)
     with pytest.raises(ValueError, match="needs the per-block key bounds"):
