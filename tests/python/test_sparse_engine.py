@@ -126,3 +126,35 @@ def test_bad_engine_config_is_a_clean_error(engine_model_dir):  # noqa: F811
         _llm(engine_model_dir, sparse_attention={"strategy": "dilated", "stride": 0})
     with pytest.raises(ValueError, match=r"token_budget = 4 is below"):
         _llm(engine_model_dir, sparse_attention={"strategy": "quest", "token_budget": 4})
+
+
+QUEST = {"strategy": "quest", "token_budget": 16, "local_blocks": 2}
+
+
+def test_quest_bounds_travel_with_swapped_blocks(engine_model_dir):  # noqa: F811
+    """Preemption by swapping moves whole block regions, key bounds included: a tight pool
+    that swaps gives the tokens of an ample one."""
+    prompts = mixed_prompts(12, seed=2, lo=20, hi=60)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    reqs = [{"prompt_token_ids": p} for p in prompts]
+    ample = LLM(engine_model_dir, block_size=4, num_kv_blocks=600, sparse_attention=QUEST)
+    want = [o.outputs[0].token_ids for o in ample.generate(reqs, params, use_tqdm=False)]
+    tight = LLM(engine_model_dir, block_size=4, num_kv_blocks=70, max_num_seqs=12,
+                watermark=0.0, preemption_mode="swap", swap_space=0.01, sparse_attention=QUEST)
+    got = [o.outputs[0].token_ids for o in tight.generate(reqs, params, use_tqdm=False)]
+    stats = tight.kv_cache_stats()
+    assert stats["num_swap_outs"] > 0 and stats["num_swap_ins"] == stats["num_swap_outs"], stats
+    assert got == want
+    _assert_no_leak(tight)
+
+
+def test_quest_with_prefix_cache_hits(engine_model_dir, prompts):  # noqa: F811
+    """A prompt served from the prefix cache (its full blocks, bounds included, reused) decodes
+    as it did the first time."""
+    llm = _llm(engine_model_dir, sparse_attention=QUEST)
+    first = _run(llm, prompts[:1])[0]
+    before = llm.kv_cache_stats()["prefix_cache_hits"]
+    again = _run(llm, prompts[:1])[0]
+    assert llm.kv_cache_stats()["prefix_cache_hits"] - before >= 16
+    assert again.token_ids == first.token_ids
+    _assert_no_leak(llm)
