@@ -696,7 +696,9 @@ class Scheduler:
 
         seq_ids = np.fromiter((e.seq.seq_id for e in entries), dtype=np.int64, count=num_seqs)
         context_lens = (starts + q_lens).astype(np.int32)
-        decode_params = [e.seq.request.params for e in entries[:num_decode]]
+        # one-token rows still in the prompt (a last chunk, a recomputed cached token): dense
+        decode_params = [e.seq.request.params if e.start >= e.seq.num_prompt_tokens else None
+                         for e in entries[:num_decode]]
         self.sparse.evict(self.kv, seq_ids[:num_decode], decode_params, context_lens[:num_decode])
         tables = self.kv.block_tables(seq_ids) if entries else np.zeros((0, 0), np.int32)
         sparse = self.sparse.plan(decode_params, context_lens[:num_decode], tables[:num_decode])

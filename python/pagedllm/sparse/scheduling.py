@@ -35,7 +35,10 @@ class SparseScheduling:
         self.force_plan = False  # plan (and run the sparse kernels) even when all blocks are read
 
     def config_for(self, params: Any) -> Optional[SparseAttentionConfig]:
-        """A request's config: its SamplingParams.sparse_attention, else the engine default."""
+        """A request's config: its SamplingParams.sparse_attention, else the engine default;
+        None params (a prompt row: prompts are attended densely) give None."""
+        if params is None:
+            return None
         own = getattr(params, "sparse_attention", None)
         return own if own is not None else self.default
 
@@ -67,7 +70,8 @@ class SparseScheduling:
 
         Args:
             kv: the KVCacheManager.
-            seq_ids: int64 [num_decode_seqs]; params: their requests' SamplingParams.
+            seq_ids: int64 [num_decode_seqs]; params: their requests' SamplingParams (None:
+                a prompt row, nothing dropped).
             context_lens: int32 [num_decode_seqs], context after the step.
         Returns:
             Blocks dropped from the tables.
@@ -107,7 +111,8 @@ class SparseScheduling:
         """The plan of a step's decode sequences (records the read/held counters).
 
         Args:
-            params: per decode sequence, its request's SamplingParams.
+            params: per decode sequence, its request's SamplingParams (None: a prompt row,
+                dense).
             context_lens: int32 [num_decode_seqs], context after the step.
             tables: int32 [num_decode_seqs, W] their block tables (-1: a dropped block).
         Returns:
