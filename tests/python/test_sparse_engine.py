@@ -128,7 +128,7 @@ def test_bad_engine_config_is_a_clean_error(engine_model_dir):  # noqa: F811
         _llm(engine_model_dir, sparse_attention={"strategy": "quest", "token_budget": 4})
 
 
-QUEST = {"strategy": "quest", "token_budget": 16, "local_blocks": 2}
+QUEST = {"strategy": "quest", "token_budget": 32, "local_blocks": 2}
 
 
 def test_quest_bounds_travel_with_swapped_blocks(engine_model_dir):  # noqa: F811
@@ -158,3 +158,27 @@ def test_quest_with_prefix_cache_hits(engine_model_dir, prompts):  # noqa: F811
     assert llm.kv_cache_stats()["prefix_cache_hits"] - before >= 16
     assert again.token_ids == first.token_ids
     _assert_no_leak(llm)
+
+
+def test_quest_bounds_travel_through_the_persistent_tier(engine_model_dir, tmp_path):  # noqa: F811
+    """Prompt blocks read back from disk after a restart carry their key bounds: the restarted
+    engine decodes as the one that computed them."""
+    prompts = mixed_prompts(3, seed=21, lo=48, hi=80)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    reqs = [{"prompt_token_ids": p} for p in prompts]
+
+    def engine():
+        return LLM(engine_model_dir, block_size=8, num_kv_blocks=256, sparse_attention=QUEST,
+                   persistence={"storage_path": str(tmp_path / "kv")})
+
+    cold = engine()
+    want = [o.outputs[0].token_ids for o in cold.generate(reqs, params, use_tqdm=False)]
+    cold.engine.tier.flush()
+    assert cold.kv_cache_stats()["disk_records"] > 0
+    cold.engine.shutdown()
+    warm = engine()
+    got = [o.outputs[0].token_ids for o in warm.generate(reqs, params, use_tqdm=False)]
+    assert warm.kv_cache_stats()["disk_hit_tokens"] >= 8 * len(prompts)
+    assert got == want
+    _assert_no_leak(warm)
+    warm.engine.shutdown()
