@@ -70,9 +70,7 @@ void decode(py::handle out, py::handle query, py::handle key_cache, py::handle v
   k::AttentionParams p =
       cuda_binding::attention_params(call, out, query, key_cache, value_cache, block_tables,
                                      context_lens, scale, kv_cache_dtype, k_scale, v_scale);
-  PAGEDLLM_CHECK_ARG(p.num_tokens == p.num_seqs,
-                     "query has " << p.num_tokens << " tokens but block_tables has " << p.num_seqs
-                                  << " rows (decode: one per sequence)");
+  check_decode_rows(p.num_tokens, p.num_seqs);
   const cu::Stream s = to_stream(stream);
   py::gil_scoped_release release;
   cu::DeviceScope scope(call.device());
@@ -118,9 +116,7 @@ void decode_sparse(py::handle out, py::handle query, py::handle key_cache,
   k::AttentionParams p =
       cuda_binding::attention_params(call, out, query, key_cache, value_cache, block_tables,
                                      context_lens, scale, kv_cache_dtype, k_scale, v_scale);
-  PAGEDLLM_CHECK_ARG(p.num_tokens == p.num_seqs,
-                     "query has " << p.num_tokens << " tokens but block_tables has " << p.num_seqs
-                                  << " rows (decode: one per sequence)");
+  check_decode_rows(p.num_tokens, p.num_seqs);
   const k::BlockSparseParams sp = sparse_lists(call, sparse_indptr, sparse_indices);
   const cu::Stream s = to_stream(stream);
   py::gil_scoped_release release;

@@ -39,10 +39,7 @@ void decode(py::handle out, py::handle query, py::handle key_cache, py::handle v
       cl(context_lens, "context_lens");
   k::AttentionParams p =
       attention_params(o, q, kc, vc, bt, cl, scale, kv_cache_dtype, k_scale, v_scale);
-  PAGEDLLM_CHECK_ARG(q.size(0) == bt.size(0), "query has " << q.size(0)
-                                                           << " tokens but block_tables has "
-                                                           << bt.size(0)
-                                                           << " rows (decode: one per sequence)");
+  check_decode_rows(q.size(0), bt.size(0));
   py::gil_scoped_release release;
   k::paged_attention_decode(p);
 }

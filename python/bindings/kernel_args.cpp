@@ -242,4 +242,10 @@ k::BlockPoolParams block_pool(const Tensor& t, bool on_cpu) {
   return b;
 }
 
+void check_decode_rows(int64_t query_tokens, int64_t table_rows) {
+  PAGEDLLM_CHECK_ARG(query_tokens == table_rows,
+                     "query has " << query_tokens << " tokens but block_tables has "
+                                  << table_rows << " rows (decode: one per sequence)");
+}
+
 }  // namespace pagedllm::python

@@ -50,6 +50,9 @@ kernels::AttentionParams attention_params(const Tensor& out, const Tensor& q, co
                                           const std::string& kv_cache_dtype, double k_scale,
                                           double v_scale, bool on_cpu = true);
 
+// Decode reads one query token per sequence: throws naming both counts when they differ.
+void check_decode_rows(int64_t query_tokens, int64_t table_rows);
+
 // [k, 2] int32 / int64 (src, dst) block pairs, as int64.
 std::vector<int64_t> block_pairs(const Tensor& t, bool on_cpu = true);
 

@@ -8,31 +8,20 @@ The model has head_dim 64 (the CUDA kernels are compiled for 64, 80, 96, 128, 25
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine_fixtures import assert_pool_clean, greedy, mixed_prompts, tok
-from pagedllm import LLM, ops
+from gpu_fixtures import GPU_MARKS, write_gpu_model
+from pagedllm import LLM
 from trace_fixtures import assert_properly_nested, assert_step_structure, spans
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (ops.cuda_available() and torch.cuda.is_available()),
-                       reason="needs a CUDA GPU and the CUDA kernels"),
-]
+pytestmark = GPU_MARKS
 
-GPU_MODEL = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, intermediate_size=512, vocab_size=512,
-                 max_position_embeddings=512)
 MARK = 511
 
 
 @pytest.fixture(scope="module")
 def gpu_model_dir(tmp_path_factory) -> str:
-    from pagedllm.model import write_random_checkpoint
-
-    path = tmp_path_factory.mktemp("gpu_diag_model")
-    write_random_checkpoint(path, preset=GPU_MODEL, seed=7, initializer_range=0.1)
-    return str(path)
+    return write_gpu_model(tmp_path_factory, "gpu_diag_model", seed=7)
 
 
 def test_trace_nvtx_and_cuda_profiler_window_on_the_gpu(gpu_model_dir, tmp_path, monkeypatch):

@@ -63,10 +63,12 @@ def test_every_attention_call_rounds_like_torch(setup, kv_dtype, scale, monkeypa
     exact_attention = llama.paged_attention
     calls = []
 
-    def checked(q, k, v, key_cache, value_cache, meta, sm_scale, kernel_dtype, k_scale, v_scale):
+    def checked(q, k, v, key_cache, value_cache, meta, sm_scale, kernel_dtype, k_scale, v_scale,
+                **sparse):  # key_bounds (None: this cache keeps no quest bounds)
         assert (k_scale, v_scale) == ((ks, vs) if fp8 else (scale, 2 * scale))
+        assert sparse.get("key_bounds") is None
         out = exact_attention(q, k, v, key_cache, value_cache, meta, sm_scale, kernel_dtype,
-                              k_scale, v_scale)
+                              k_scale, v_scale, **sparse)
         bs = key_cache.shape[2]
         blk, off = meta.slot_mapping // bs, meta.slot_mapping % bs
         # the new tokens' slots hold torch's rounding: [num_tokens, num_kv_heads, head_dim]

@@ -9,44 +9,23 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 
 import pytest
 
 from engine_fixtures import engine_model_dir, greedy, mixed_prompts, tok  # noqa: F401
 from pagedllm import LLM
 from pagedllm.engine.executor import ExecutorDeadError
-from tp_fixtures import alive, wait_gone, wait_steps, worker_pids
+from tp_fixtures import alive, signal_rank_mid_request, wait_gone, worker_pids
 
 pytestmark = pytest.mark.slow
-
-
-def _generate_in_thread(llm, prompts, max_tokens):
-    """Starts llm.generate in a thread; returns (thread, box) where box gets the exception."""
-    box = {}
-
-    def run():
-        try:
-            box["outputs"] = llm.generate(tok(prompts), greedy(max_tokens))
-        except BaseException as e:  # noqa: BLE001 - the test inspects it
-            box["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, box
 
 
 def test_killed_rank_fails_the_engine_naming_it_and_leaves_no_process(engine_model_dir):
     llm = LLM(engine_model_dir, num_kv_blocks=200, num_threads=1, tensor_parallel_size=2,
               distributed_timeout_s=120)
     pids = worker_pids(llm)
-    thread, box = _generate_in_thread(llm, mixed_prompts(4, seed=1), 400)
-    wait_steps(llm, 3)
-    os.kill(pids[1], signal.SIGKILL)
-    thread.join(100)
-    assert not thread.is_alive()
-    err = box.get("error")
-    assert isinstance(err, ExecutorDeadError), box
+    err = signal_rank_mid_request(llm, signal.SIGKILL, mixed_prompts(4, seed=1))
+    assert isinstance(err, ExecutorDeadError), err
     # named, and found by the death, not by the 120 s deadline
     assert f"rank 1 (pid {pids[1]}) died (killed by signal 9)" in str(err)
     assert "no answer within" not in str(err)
@@ -60,13 +39,8 @@ def test_stopped_rank_times_out_naming_it(engine_model_dir):
     llm = LLM(engine_model_dir, num_kv_blocks=200, num_threads=1, tensor_parallel_size=2,
               distributed_timeout_s=5)
     pids = worker_pids(llm)
-    thread, box = _generate_in_thread(llm, mixed_prompts(4, seed=2), 400)
-    wait_steps(llm, 3)
-    os.kill(pids[1], signal.SIGSTOP)
-    thread.join(100)
-    assert not thread.is_alive()
-    err = box.get("error")
-    assert isinstance(err, ExecutorDeadError), box
+    err = signal_rank_mid_request(llm, signal.SIGSTOP, mixed_prompts(4, seed=2))
+    assert isinstance(err, ExecutorDeadError), err
     message = str(err)
     assert "no answer within 5 s (distributed_timeout_s)" in message
     assert f"rank 1 (pid {pids[1]}) stopped first" in message

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 
 import pytest
 
@@ -14,7 +13,7 @@ from engine_fixtures import (assert_pool_clean, engine_model_dir, greedy, hf_gre
                              mixed_prompts, tok)
 from pagedllm import LLM
 from pagedllm.engine.executor import ExecutorDeadError
-from tp_fixtures import wait_gone, wait_steps
+from tp_fixtures import signal_rank_mid_request, wait_gone, worker_pids
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -59,31 +58,12 @@ def test_ray_tp2_equals_tp1_and_transformers_with_forks_and_preemption(local_ray
     assert wait_gone(pids) == []
 
 
-def _generate_in_thread(llm):
-    box = {}
-
-    def run():
-        try:
-            llm.generate(tok(mixed_prompts(4, seed=1)), greedy(400))
-        except BaseException as e:  # noqa: BLE001 - inspected by the test
-            box["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, box
-
-
 def test_ray_killed_actor_fails_the_engine_naming_the_rank(local_ray, engine_model_dir):
     llm = LLM(engine_model_dir, num_kv_blocks=200, num_threads=1, tensor_parallel_size=2,
               distributed_executor_backend="ray", distributed_timeout_s=120)
-    pids = list(llm.engine.executor.worker_pids)
-    thread, box = _generate_in_thread(llm)
-    wait_steps(llm, 3)
-    os.kill(pids[1], signal.SIGKILL)
-    thread.join(100)
-    assert not thread.is_alive()
-    err = box.get("error")
-    assert isinstance(err, ExecutorDeadError), box
+    pids = worker_pids(llm)
+    err = signal_rank_mid_request(llm, signal.SIGKILL, mixed_prompts(4, seed=1))
+    assert isinstance(err, ExecutorDeadError), err
     assert "rank 1" in str(err) and "no answer within" not in str(err), str(err)
     assert wait_gone(pids) == []
     llm.engine.shutdown()
@@ -92,14 +72,9 @@ def test_ray_killed_actor_fails_the_engine_naming_the_rank(local_ray, engine_mod
 def test_ray_stopped_actor_times_out_naming_the_rank(local_ray, engine_model_dir):
     llm = LLM(engine_model_dir, num_kv_blocks=200, num_threads=1, tensor_parallel_size=2,
               distributed_executor_backend="ray", distributed_timeout_s=5)
-    pids = list(llm.engine.executor.worker_pids)
-    thread, box = _generate_in_thread(llm)
-    wait_steps(llm, 3)
-    os.kill(pids[1], signal.SIGSTOP)
-    thread.join(100)
-    assert not thread.is_alive()
-    err = box.get("error")
-    assert isinstance(err, ExecutorDeadError), box
+    pids = worker_pids(llm)
+    err = signal_rank_mid_request(llm, signal.SIGSTOP, mixed_prompts(4, seed=1))
+    assert isinstance(err, ExecutorDeadError), err
     message = str(err)
     assert "no answer within 5 s (distributed_timeout_s)" in message, message
     assert "rank(s) [1] stopped first" in message, message

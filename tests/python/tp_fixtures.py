@@ -3,6 +3,8 @@ checks that worker processes are gone."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from typing import Iterable, List
 
@@ -64,3 +66,35 @@ def wait_steps(llm, n: int, within_s: float = 60.0) -> None:
             raise AssertionError(f"the engine ran only {llm.engine.num_steps} steps")
         time.sleep(0.01)
 
+
+
+def signal_rank_mid_request(llm, sig: int, prompts, max_tokens: int = 400) -> BaseException:
+    """Starts llm.generate(prompts) in a thread, sends `sig` to rank 1 after 3 steps, and
+    returns what generate raised (asserting it raised, within 100 s).
+
+    Args:
+        llm: an LLM with tensor_parallel_size 2.
+        sig: the signal (SIGKILL: a dead rank; SIGSTOP: a hung one).
+        prompts: token-id prompts, long enough in max_tokens to outlast the signal.
+        max_tokens: greedy tokens per prompt.
+    Returns:
+        The exception generate raised.
+    """
+    from engine_fixtures import greedy, tok
+
+    box = {}
+
+    def run():
+        try:
+            llm.generate(tok(prompts), greedy(max_tokens))
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            box["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    wait_steps(llm, 3)
+    os.kill(worker_pids(llm)[1], sig)
+    thread.join(100)
+    assert not thread.is_alive(), "generate did not return after the rank was signalled"
+    assert "error" in box, "generate finished although rank 1 was signalled"
+    return box["error"]
