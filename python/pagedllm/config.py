@@ -58,7 +58,8 @@ from typing import Any, Dict, Optional, Union
 
 from pagedllm.model.kv_cache import KV_CACHE_DTYPES
 from pagedllm.persistence_config import PersistenceConfig
-from pagedllm.sparse.config import SparseAttentionConfig, parse_sparse_attention
+from pagedllm.sparse.config import SparseAttentionConfig
+from pagedllm.sparse.options import parse_sparse_attention
 
 DEFAULT_KV_CACHE_MEMORY_BYTES = 2 << 30
 DEVICES = ("auto", "cpu", "cuda")

@@ -11,7 +11,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, List, Optional, Union
 
-from pagedllm.sparse.config import parse_sparse_attention
+from pagedllm.sparse.options import parse_sparse_attention
 
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing logits by a tinier
 # one overflows float32 and makes the probabilities NaN.

@@ -89,24 +89,3 @@ class UniProcExecutor(Executor):
     @property
     def device_description(self) -> str:
         return f"{self.worker.device}, {str(self.worker.dtype).replace('torch.', '')}"
-
-
-def make_executor(config: EngineConfig, model_path: str) -> Executor:
-    """The executor for a config: in-process for tensor_parallel_size 1, else spawned local
-    ranks ("mp") or Ray actors ("ray"), as distributed_executor_backend says.
-
-    Raises:
-        ValueError: a combination this machine or model cannot run (names the option).
-    """
-    if config.tensor_parallel_size == 1 and config.distributed_executor_backend is None:
-        return UniProcExecutor(config, model_path)
-    from pagedllm.engine.tp_checks import check_parallel_config
-
-    backend = check_parallel_config(config, model_path)
-    if backend == "ray":
-        from pagedllm.engine.ray_executor import RayExecutor
-
-        return RayExecutor(config, model_path)
-    from pagedllm.engine.mp_executor import MultiprocExecutor
-
-    return MultiprocExecutor(config, model_path)

@@ -26,7 +26,8 @@ import torch
 from pagedllm import _core
 from pagedllm.config import EngineConfig
 from pagedllm.engine import kv_diagnostics, tracing
-from pagedllm.engine.executor import Executor, ExecutorDeadError, make_executor
+from pagedllm.engine.executor import Executor, ExecutorDeadError
+from pagedllm.engine.executor_factory import make_executor
 from pagedllm.engine.numerics import NumericsChecker
 from pagedllm.engine.sampler import Sampler
 from pagedllm.engine.scheduler import Scheduler, SchedulerOutput

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from pagedllm.model import loader
+from pagedllm.model import safetensors_files as st
 from pagedllm.model.clip_vision import clip_tensor_shapes
 from pagedllm.model.config import ModelConfig
 from pagedllm.model.errors import CheckpointError
@@ -76,12 +76,12 @@ def load_llava(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     Raises:
         CheckpointError: any problem with the directory, naming the file and tensor.
     """
-    if dtype not in loader.SUPPORTED_MODEL_DTYPES:
-        raise ValueError(f"dtype {dtype}: expected one of {loader.SUPPORTED_MODEL_DTYPES}")
+    if dtype not in st.SUPPORTED_MODEL_DTYPES:
+        raise ValueError(f"dtype {dtype}: expected one of {st.SUPPORTED_MODEL_DTYPES}")
     path = os.fspath(path)
     cfg = read_llava_config(path)
-    files, _ = loader._weight_files(path)
-    found = loader._scan(files)
+    files, _ = st.weight_files(path)
+    found = st.scan(files)
     slots = expected_llava_tensors(cfg)
     by_ckpt = _match(path, cfg, slots, found)
     model = LlavaForConditionalGeneration(cfg, dtype)
@@ -90,7 +90,7 @@ def load_llava(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     for ckpt_name in by_ckpt:
         by_file.setdefault(found[ckpt_name].file, []).append(ckpt_name)
     for file, names in by_file.items():
-        loader._fill(file, names, by_ckpt, params)
+        st.fill(file, names, by_ckpt, params)
     if prepack:
         model.prepack_weights()
     return model.eval(), cfg.text
@@ -114,9 +114,9 @@ def _match(path: str, cfg: LlavaConfig, slots: dict[str, TensorSlot],
         slot = slots.get(canon)
         if slot is None and canon == "lm_head.weight" and cfg.text.tie_word_embeddings:
             continue  # tolerated, unused (the embedding is tied)
-        if info.dtype not in loader.USABLE_DTYPES:
+        if info.dtype not in st.USABLE_DTYPES:
             problems.append(f"{info.file}: tensor {name!r} has dtype {info.dtype}, expected one "
-                            f"of {', '.join(loader.USABLE_DTYPES)}")
+                            f"of {', '.join(st.USABLE_DTYPES)}")
         if slot is None:
             problems.append(f"{info.file}: unexpected tensor {name!r} (not part of a "
                             f"LlavaForConditionalGeneration with this config)")

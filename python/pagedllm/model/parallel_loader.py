@@ -19,7 +19,8 @@ from safetensors import SafetensorError, safe_open
 
 from pagedllm.model.config import ModelConfig
 from pagedllm.model.errors import CheckpointError
-from pagedllm.model.loader import SUPPORTED_MODEL_DTYPES, all_finite, inspect_checkpoint
+from pagedllm.model.loader import inspect_checkpoint
+from pagedllm.model.safetensors_files import SUPPORTED_MODEL_DTYPES, all_finite
 from pagedllm.model.parallel_llama import ParallelLlamaForCausalLM
 from pagedllm.model.tensor_parallel import (Comm, TPShard, kv_head_start, local_kv_heads,
                                             shard_config, vocab_rows)

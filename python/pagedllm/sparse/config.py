@@ -1,15 +1,15 @@
-"""The `sparse_attention` option: parsing and validation, shared by YAML, the CLI, `LLM(...)`,
-`SamplingParams(sparse_attention=...)` and the server's extra body field.
+"""The `sparse_attention` option's values: SparseAttentionConfig and its checks (parsed from a
+dict by sparse/options.py, which also checks the strategy name against the registry).
 
-A config is a dict with the keys of SparseAttentionConfig; unknown keys, wrong types and bad
-combinations raise ValueError naming the key, the value and what was expected.
+Wrong types and bad combinations raise ValueError naming the key, the value and what was
+expected.
 """
 
 from __future__ import annotations
 
 import numbers
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping, Optional
+from typing import Any
 
 DENSE = "dense"  # the strategy name that turns sparse attention off (e.g. per request)
 
@@ -45,12 +45,11 @@ class SparseAttentionConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from pagedllm.sparse.registry import strategy_names  # the registry imports this module
-
-        names = strategy_names()
-        if not isinstance(self.strategy, str) or self.strategy not in (DENSE, *names):
-            raise ValueError(f"sparse_attention.strategy: expected one of "
-                             f"{[DENSE, *names]}, got {self.strategy!r}")
+        # The strategy's name is checked against the registry by parse_sparse_attention
+        # (sparse/options.py, above the registry); an unregistered one fails at get_strategy.
+        if not isinstance(self.strategy, str):
+            raise ValueError(f"sparse_attention.strategy: expected a strategy name, got "
+                             f"{self.strategy!r}")
         for name, lo in (("sink_blocks", 1), ("local_blocks", 1), ("stride", 1),
                          ("token_budget", 1), ("min_context", 0), ("seed", 0)):
             v = getattr(self, name)
@@ -83,36 +82,3 @@ class SparseAttentionConfig:
 
 
 KEYS = tuple(f.name for f in fields(SparseAttentionConfig))
-
-
-def parse_sparse_attention(value: Any, where: str = "sparse_attention",
-                           base: Optional[SparseAttentionConfig] = None
-                           ) -> Optional[SparseAttentionConfig]:
-    """A SparseAttentionConfig from None, a config or a mapping of its keys.
-
-    Args:
-        value: None (no sparse attention / no override), a SparseAttentionConfig, or a dict
-            with a subset of KEYS (missing keys come from `base`, else the defaults).
-        where: the option's name for error messages (e.g. "SamplingParams.sparse_attention").
-        base: the config whose values fill missing keys (an engine default under a request's).
-    Returns:
-        The config, or None for None.
-    Raises:
-        ValueError: not a mapping, an unknown key, or a bad value (naming `where` and the key).
-    """
-    if value is None or isinstance(value, SparseAttentionConfig):
-        return value
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{where}: expected a mapping with keys {list(KEYS)}, got "
-                         f"{type(value).__name__}")
-    unknown = sorted(set(value) - set(KEYS))
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; expected a subset of {list(KEYS)}")
-    merged = (base.to_dict() if base is not None else {}) | dict(value)
-    if "strategy" not in merged:
-        raise ValueError(f"{where}: 'strategy' is required (one of the registered strategies "
-                         f"or 'dense')")
-    try:
-        return SparseAttentionConfig(**merged)
-    except ValueError as e:  # "sparse_attention.<key>: ..." -> "<where>.<key>: ..."
-        raise ValueError(where + str(e).removeprefix("sparse_attention")) from None

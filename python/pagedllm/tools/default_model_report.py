@@ -16,6 +16,24 @@ import sys
 SAMPLING = {"greedy": {"do_sample": False}, "top_p": {"do_sample": True, "temperature": 0.8, "top_p": 0.95}}
 
 
+
+def mean_loss(model, chunks, batch_size: int) -> float:
+    """Mean next-token cross-entropy (nats/token) of ``model`` over chunks [num_chunks, seq_len + 1]."""
+    import torch
+    import torch.nn.functional as F
+
+    total, count = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, chunks.shape[0], batch_size):
+            batch = chunks[i : i + batch_size]
+            logits = model(input_ids=batch[:, :-1]).logits  # [b, seq_len, vocab]
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten(), reduction="sum")
+            total += loss.item()
+            count += batch[:, 1:].numel()
+    model.train()
+    return total / count
+
 def evaluate_export(out_dir: str, eval_sets: dict, args: argparse.Namespace, prompts) -> dict:
     """Loads ``out_dir`` with transformers; returns its losses and sample continuations.
 
@@ -31,7 +49,6 @@ def evaluate_export(out_dir: str, eval_sets: dict, args: argparse.Namespace, pro
     from tokenizers import Tokenizer
     from transformers import LlamaForCausalLM
 
-    from pagedllm.tools.train_default_model import mean_loss
 
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)

@@ -96,28 +96,12 @@ def fixed_chunks(stream, seq_len: int, max_chunks: int):
     return torch.stack([stream[i * seq_len : i * seq_len + seq_len + 1] for i in picks])
 
 
-def mean_loss(model, chunks, batch_size: int) -> float:
-    """Mean next-token cross-entropy (nats/token) of ``model`` over chunks [num_chunks, seq_len + 1]."""
-    import torch
-    import torch.nn.functional as F
-
-    total, count = 0.0, 0
-    model.eval()
-    with torch.no_grad():
-        for i in range(0, chunks.shape[0], batch_size):
-            batch = chunks[i : i + batch_size]
-            logits = model(input_ids=batch[:, :-1]).logits  # [b, seq_len, vocab]
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten(), reduction="sum")
-            total += loss.item()
-            count += batch[:, 1:].numel()
-    model.train()
-    return total / count
-
-
 def train(model, train_ids, eval_sets: dict, args: argparse.Namespace, log) -> list[dict]:
     """Runs the optimizer loop; returns the evaluation history (one dict per evaluation)."""
     import torch
     import torch.nn.functional as F
+
+    from pagedllm.tools.default_model_report import mean_loss
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
