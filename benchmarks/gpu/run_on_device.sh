@@ -59,12 +59,14 @@ if [ "$build_ok" = 1 ]; then
   export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
   step import 60 tests.log "$PY" -c "import pagedllm._core as c; i = c.build_info(); print(i); assert i['gpu_count'] > 0, 'no GPU visible'"
   step tests 300 tests.log "$PY" -m pytest -q -rfEs -p no:cacheprovider \
-    --junitxml="$OUT/junit.xml" tests/python/test_cuda_kernels.py tests/python/test_cuda_nogpu.py
+    --junitxml="$OUT/junit.xml" tests/python/test_cuda_kernels.py tests/python/test_cuda_nogpu.py \
+    tests/python/test_cuda_sparse.py
   # The engine on the GPU (issue 12): parity with transformers, swap under pressure, the
   # swap copies on their own stream (chrome trace kept under $OUT/traces).
   PAGEDLLM_TRACE_DIR="$OUT/traces" step engine_tests 240 tests.log "$PY" -m pytest -q -rfEs \
     -p no:cacheprovider --junitxml="$OUT/junit_engine.xml" tests/python/test_engine_gpu.py \
-    tests/python/test_engine_device.py tests/python/test_diagnostics_gpu.py
+    tests/python/test_engine_device.py tests/python/test_diagnostics_gpu.py \
+    tests/python/test_tensor_parallel_gpu.py
   # Issue 17: nsys records exactly the --profile-cuda-steps window (when nsys is installed).
   if command -v nsys >/dev/null; then
     step nsys_window 180 nsys.log nsys profile --capture-range=cudaProfilerApi \
