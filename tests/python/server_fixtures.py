@@ -12,11 +12,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
 import time
 from typing import Dict, List, Optional
+
+import pytest
 
 from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
 from pagedllm.sampling_params import SamplingParams
@@ -285,3 +288,63 @@ def scrape(url: str) -> Dict[str, float]:
                 key = f"{s.name}{{{labels}}}"
                 out[key] = out.get(key, 0.0) + s.value
     return out
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """An httpx client on the test module's own `server` fixture (import it with that one)."""
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c
+
+
+def wait_idle(url: str, within_s: float) -> Dict[str, float]:
+    """Waits until the server at `url` runs and queues nothing and holds no KV block.
+
+    Returns:
+        Its /metrics (scrape()) once idle.
+    Raises:
+        AssertionError: still busy after within_s (with the last metrics).
+    """
+    deadline = time.monotonic() + within_s
+    while True:
+        m = scrape(url)
+        if (m["pagedllm:num_requests_running"], m["pagedllm:num_requests_waiting"],
+                m["pagedllm:kv_cache_used_blocks"]) == (0, 0, 0):
+            return m
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not idle after {within_s} s: {m}")
+        time.sleep(0.05)
+
+
+async def stream_completion(client, body: dict, leave_after: Optional[int]):
+    """Streams one /v1/completions request with an httpx.AsyncClient, checking the SSE framing.
+
+    Args:
+        client: the async client on the server.
+        body: the request body (with "stream": true and usage in the stream options).
+        leave_after: close the connection after this many events (None: read to the end).
+    Returns:
+        (text, finish_reason, completion_tokens), or None when it left mid-stream.
+    """
+    text, finish, usage = "", None, None
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        chunks = 0
+        async for line in r.aiter_lines():
+            if not line:
+                continue
+            assert line.startswith("data: "), line
+            data = line[len("data: "):]
+            if data == "[DONE]":
+                break
+            event = json.loads(data)
+            for c in event["choices"]:
+                text += c["text"]
+                finish = c["finish_reason"] or finish
+            usage = event.get("usage") or usage
+            chunks += 1
+            if leave_after is not None and chunks >= leave_after:
+                return None  # closing the response drops the connection mid-stream
+    return text, finish, usage["completion_tokens"]

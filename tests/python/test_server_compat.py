@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from pagedllm.server import ServerSettings, create_app
-from server_fixtures import ScriptedEngine, ServerThread, scripted_completion
+from server_fixtures import ScriptedEngine, ServerThread, client, scripted_completion  # noqa: F401
 
 ENC = ScriptedEngine().tokenizer.encode
 
@@ -19,12 +19,6 @@ def server():
     with ServerThread(create_app(engine, ServerSettings(max_tokens_limit=300))) as s:
         s.engine = engine
         yield s
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server.url, timeout=30) as c:
-        yield c
 
 
 def sse(response):

@@ -8,7 +8,7 @@ import pytest
 
 from pagedllm.server import ServerSettings, create_app
 from pagedllm.server.cache_salt import cache_key
-from server_fixtures import ScriptedEngine, ServerThread
+from server_fixtures import ScriptedEngine, ServerThread, client  # noqa: F401
 
 SETTINGS = ServerSettings(max_tokens_limit=300, max_prompts_per_request=8,
                           max_sequences_per_request=16, max_logprobs_per_request=5000)
@@ -20,12 +20,6 @@ def server():
     with ServerThread(create_app(engine, SETTINGS)) as s:
         s.engine = engine
         yield s
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server.url, timeout=30) as c:
-        yield c
 
 
 def post_raw(client, path, body: str):

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagedllm.server import ServerSettings, create_app
-from server_fixtures import ScriptedEngine, ServerThread, scripted_completion
+from server_fixtures import ScriptedEngine, ServerThread, client, scripted_completion  # noqa: F401
 
 ENC = ScriptedEngine().tokenizer.encode
 
@@ -21,12 +21,6 @@ def server():
     with ServerThread(create_app(engine, settings)) as s:
         s.engine = engine
         yield s
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server.url, timeout=30) as c:
-        yield c
 
 
 def events(response):

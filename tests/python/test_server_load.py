@@ -7,13 +7,11 @@ waiting request, no used block.
 """
 
 import asyncio
-import json
-import time
 
 import httpx
 import pytest
 
-from server_fixtures import scrape, serve_tiny_model, write_tiny_model
+from server_fixtures import serve_tiny_model, stream_completion, wait_idle, write_tiny_model
 
 NUM_CLIENTS = 64
 WORDS = ["the", "quick", "brown", "fox", "paged", "attention", "block", "table", "hello",
@@ -34,30 +32,6 @@ def request_body(i):
             "ignore_eos": leaves(i), "stream": True, "stream_options": {"include_usage": True}}
 
 
-async def stream_one(client, i, leave_after):
-    """Streams request i; returns (text, finish_reason, completion_tokens) or None if it left."""
-    text, finish, usage = "", None, None
-    async with client.stream("POST", "/v1/completions", json=request_body(i)) as r:
-        assert r.status_code == 200, await r.aread()
-        chunks = 0
-        async for line in r.aiter_lines():
-            if not line:
-                continue
-            assert line.startswith("data: "), line
-            data = line[len("data: "):]
-            if data == "[DONE]":
-                break
-            event = json.loads(data)
-            for c in event["choices"]:
-                text += c["text"]
-                finish = c["finish_reason"] or finish
-            usage = event.get("usage") or usage
-            chunks += 1
-            if leave_after is not None and chunks >= leave_after:
-                return None  # closing the response drops the connection mid-stream
-    return text, finish, usage["completion_tokens"]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model = write_tiny_model(tmp_path_factory.mktemp("tiny"))
@@ -71,7 +45,7 @@ def test_64_concurrent_streams_with_disconnects(server):
         limits = httpx.Limits(max_connections=NUM_CLIENTS + 8)
         async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
             leave = [2 if leaves(i) else None for i in range(NUM_CLIENTS)]
-            return await asyncio.gather(*(stream_one(client, i, leave[i])
+            return await asyncio.gather(*(stream_completion(client, request_body(i), leave[i])
                                           for i in range(NUM_CLIENTS)))
 
     results = asyncio.run(load())
@@ -88,15 +62,7 @@ def test_64_concurrent_streams_with_disconnects(server):
                                                 alone["usage"]["completion_tokens"]), i
 
     # Nothing is left: aborted requests freed their blocks.
-    deadline = time.monotonic() + 20
-    while True:
-        m = scrape(server.url)
-        idle = (m["pagedllm:num_requests_running"], m["pagedllm:num_requests_waiting"],
-                m["pagedllm:kv_cache_used_blocks"]) == (0, 0, 0)
-        if idle or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert idle, m
+    m = wait_idle(server.url, 20)
     assert m["pagedllm:kv_cache_usage_perc"] == 0
     assert m['pagedllm:request_success_total{finished_reason="abort"}'] == NUM_CLIENTS // 4
     assert m["pagedllm:num_preemptions_total"] > 0  # the small pool did preempt

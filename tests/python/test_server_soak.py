@@ -7,15 +7,14 @@ stayed got the same answer as when run alone, the server is healthy and holds no
 """
 
 import asyncio
-import json
 import random
-import time
 
 import httpx
 import pytest
 
 from pagedllm.server import ServerSettings
-from server_fixtures import scrape, serve_tiny_model, write_tiny_model
+from server_fixtures import (serve_tiny_model, stream_completion, wait_idle,
+                             write_tiny_model)
 
 pytestmark = pytest.mark.slow
 
@@ -46,28 +45,6 @@ def body(i, rng):
     return b
 
 
-async def stream(client, b, leave_after):
-    text, finish, usage = "", None, None
-    async with client.stream("POST", "/v1/completions", json=b) as r:
-        assert r.status_code == 200, await r.aread()
-        chunks = 0
-        async for line in r.aiter_lines():
-            if not line:
-                continue
-            data = line[len("data: "):]
-            if data == "[DONE]":
-                break
-            event = json.loads(data)
-            for c in event["choices"]:
-                text += c["text"]
-                finish = c["finish_reason"] or finish
-            usage = event.get("usage") or usage
-            chunks += 1
-            if leave_after is not None and chunks >= leave_after:
-                return None
-    return text, finish, usage["completion_tokens"]
-
-
 async def hostile(client, raw):
     path = "/v1/chat/completions" if '"messages"' in raw else "/v1/completions"
     r = await client.post(path, content=raw.encode("ascii"),
@@ -92,7 +69,7 @@ def test_256_streams_with_disconnects_and_hostile_requests(server):
     async def load():
         limits = httpx.Limits(max_connections=NUM_CLIENTS + 32)
         async with httpx.AsyncClient(base_url=server.url, timeout=300, limits=limits) as client:
-            work = [stream(client, bodies[i], leave[i]) for i in range(NUM_CLIENTS)]
+            work = [stream_completion(client, bodies[i], leave[i]) for i in range(NUM_CLIENTS)]
             work += [hostile(client, raw) for raw in HOSTILE * 3]
             return await asyncio.gather(*work)
 
@@ -110,15 +87,7 @@ def test_256_streams_with_disconnects_and_hostile_requests(server):
             assert got == (choice["text"], choice["finish_reason"],
                            alone["usage"]["completion_tokens"]), i
 
-    deadline = time.monotonic() + 30
-    while True:
-        m = scrape(server.url)
-        idle = (m["pagedllm:num_requests_running"], m["pagedllm:num_requests_waiting"],
-                m["pagedllm:kv_cache_used_blocks"]) == (0, 0, 0)
-        if idle or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert idle, m
+    wait_idle(server.url, 30)  # and nothing is left: the leavers freed their blocks
     # Only the clients told to leave left (one with a stream shorter than its leaving point
     # finishes), and some did.
     left = [i for i, r in enumerate(streamed) if r is None]
