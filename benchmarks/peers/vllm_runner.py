@@ -2,6 +2,7 @@
 
 Usage: <vllm-venv>/bin/python benchmarks/peers/vllm_runner.py MODEL_DIR [--block-size 32]
        [--max-num-seqs 256] [--kv-space-gib 2] [--enable-prefix-caching]
+       [--dtype float32|bfloat16]
 
 It starts one vllm.LLM (55-100 s: torch.compile) and then serves commands, one JSON object per
 line on stdin, so that a benchmark can interleave vLLM's runs with other engines' without paying
@@ -17,7 +18,7 @@ too; the client skips every other line). The first reply, {"event": "ready", ...
 the engine has started. A generate reply holds elapsed_s (the generate call only), the output
 token count and the first `keep` tokens of each request.
 
-Fairness (see docs/BENCHMARKS.md): fp32 like pagedllm, token-id prompts, greedy, outputs forced
+Fairness (see docs/BENCHMARKS.md): the same dtype as pagedllm (fp32 unless asked), token-id prompts, greedy, outputs forced
 to their length (min_tokens = max_tokens, ignore_eos), prefix caching off unless asked for,
 threads bound to both cores.
 """
@@ -67,6 +68,7 @@ def main() -> None:
     ap.add_argument("--kv-space-gib", type=int, default=2)
     ap.add_argument("--enable-prefix-caching", action="store_true")
     ap.add_argument("--threads-bind", default="0-1")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = ap.parse_args()
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_space_gib))
@@ -76,7 +78,7 @@ def main() -> None:
     from vllm import LLM
 
     t0 = time.perf_counter()
-    llm = LLM(model=args.model, dtype="float32", block_size=args.block_size,
+    llm = LLM(model=args.model, dtype=args.dtype, block_size=args.block_size,
               skip_tokenizer_init=True, enable_prefix_caching=args.enable_prefix_caching,
               max_num_seqs=args.max_num_seqs, seed=0)
     startup = time.perf_counter() - t0
@@ -86,7 +88,7 @@ def main() -> None:
            "max_num_batched_tokens": sched.max_num_batched_tokens,
            "enable_prefix_caching": args.enable_prefix_caching,
            "kv_space_gib": int(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
-           "threads_bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"]})
+           "threads_bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"], "dtype": args.dtype})
 
     def reset_prefix_cache(cmd: dict) -> None:
         llm.reset_prefix_cache()

@@ -1,0 +1,191 @@
+"""Where one decode step of the "small" model goes, and how far it is from its floor.
+
+A batch of `batch` sequences is prefilled (prompt `prompt_len` tokens each), then the engine
+runs decode steps only (every sequence one token per step, greedy, forced length):
+- `steps` steps timed one by one without any profiler: the step time (median, p10, p90);
+- the same number of steps under cProfile: the own time of every function per step, in
+  buckets (layer projections, lm_head, attention kernel, KV write, RMSNorm, other torch ops,
+  sampler, scheduler, runner input prep, the rest of the engine). cProfile slows the Python
+  parts, so the buckets sum to more than the unprofiled step; the C buckets are barely touched.
+- the floor: the bytes a decode step must read (every weight once, the lm_head too; the
+  embedding rows of the batch only; the K/V of every context token once) over the read
+  bandwidth measured in the same run (`_core.stream_read_sum` over 1 GiB, median of 5).
+
+Prints a markdown table and writes benchmarks/results/decode_step.json.
+
+Usage: PYTHONPATH=.:python python -m benchmarks.decode_step [--model small] [--batch 16]
+       [--prompt-len 128] [--steps 24] [--dtype float32|bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+from typing import Dict, List
+
+import torch
+
+from benchmarks.common import checkpoint, machine_info, write_results
+from benchmarks.engines import PagedEngine
+
+# (bucket, predicate on (file, function name)), first match wins; "lm_head" is split out of
+# the projections afterwards from compute_logits' cumulative time.
+BUCKETS = (
+    ("projections (oneDNN GEMM)", lambda f, n: "_linear_pointwise" in n or "_nn.linear" in n
+     or n.endswith("method matmul>")),
+    ("attention kernel", lambda f, n: "paged_attention" in n),
+    ("KV cache write", lambda f, n: "reshape_and_cache" in n),
+    ("RMSNorm kernel", lambda f, n: "rms_norm" in n),
+    ("sampler", lambda f, n: "sampler.py" in f),
+    ("scheduler + KV manager", lambda f, n: "scheduler.py" in f or "KVCacheManager" in n
+     or "append_batch" in n or "block_tables" in n),
+    ("runner input prep", lambda f, n: "model_runner.py" in f or "attention.py" in f),
+    ("other torch ops (RoPE, SiLU*up, adds, embedding)",
+     lambda f, n: "torch" in n or "torch" in f or "Tensor" in n),
+    ("engine, outputs, Python rest", lambda f, n: True),
+)
+LM_HEAD = "lm_head (in projections)"
+
+
+def read_bandwidth(gib: float = 1.0, rounds: int = 5) -> float:
+    """Bytes per second `_core.stream_read_sum` reads from a `gib` GiB buffer (median)."""
+    from pagedllm import _core
+
+    buf = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
+    _core.stream_read_sum(buf)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        _core.stream_read_sum(buf)
+        times.append(time.perf_counter() - t0)
+    return buf.numel() * 4 / statistics.median(times)
+
+
+def floor_bytes(cfg, batch: int, context: int, weight_bytes: int, kv_bytes: int) -> Dict[str, int]:
+    """Bytes one decode step of `batch` sequences at `context` tokens must read.
+
+    Args:
+        cfg: the ModelConfig.
+        weight_bytes, kv_bytes: bytes per weight element and per stored K/V element.
+    Returns:
+        {"weights": layer + final-norm weights, "lm_head": its matrix, "kv": K and V read}.
+    """
+    h = cfg.hidden_size
+    embedding = cfg.vocab_size * h
+    layers = cfg.num_parameters() - embedding - (0 if cfg.tie_word_embeddings else embedding)
+    kv = batch * context * cfg.num_hidden_layers * 2 * cfg.kv_size * kv_bytes
+    return {"weights": layers * weight_bytes, "lm_head": embedding * weight_bytes, "kv": kv}
+
+
+def _prefill(eng, batch: int, prompt_len: int, max_tokens: int, vocab: int) -> List[str]:
+    from pagedllm import SamplingParams
+
+    g = torch.Generator().manual_seed(0)
+    ids = []
+    for i in range(batch):
+        prompt = torch.randint(3, vocab, (prompt_len,), generator=g).tolist()
+        rid = f"decode-{i}"
+        eng.add_request(rid, {"prompt_token_ids": prompt},
+                        SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens,
+                                       ignore_eos=True, temperature=0.0))
+        ids.append(rid)
+    # step until every sequence has its first token: from then on every step is decode-only
+    while any(r.first_token_time is None for r in eng.requests.values()):
+        eng.step()
+    return ids
+
+
+def _profiled(eng, steps: int) -> Dict[str, float]:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        eng.step()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    out = {name: 0.0 for name, _ in BUCKETS}
+    lm_head = 0.0
+    for (file, _, name), (_, _, own, cum, _) in stats.stats.items():
+        bucket = next(b for b, match in BUCKETS if match(file, name))
+        out[bucket] += own
+        if name == "compute_logits" and file.endswith("llama.py"):
+            lm_head += cum
+    proj = next(iter(out))
+    lm_head = min(lm_head, out[proj])
+    out[proj] -= lm_head
+    out = {LM_HEAD: lm_head, **out}
+    return {k: 1e3 * v / steps for k, v in out.items()}  # ms per step
+
+
+def run(model: str = "small", batch: int = 16, prompt_len: int = 128, steps: int = 24,
+        dtype: str = "float32") -> dict:
+    """Measures the decode step; returns (and writes) the figures."""
+    from pagedllm.model.checkpoint import random_config
+
+    cfg = random_config(model)
+    engine = PagedEngine(checkpoint(model), dtype=dtype)
+    eng = engine.llm.engine
+    _prefill(eng, batch, prompt_len, 3 * steps + 8, cfg.vocab_size)
+    eng.step()  # one warm decode step
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        eng.step()
+        times.append(time.perf_counter() - t0)
+    context = prompt_len + 2 + steps  # mean context over the profiled steps, roughly
+    profiled = _profiled(eng, steps)
+    eng.abort_request(list(eng.requests))
+    bw = read_bandwidth()
+    elem = 2 if dtype == "bfloat16" else 4
+    need = floor_bytes(cfg, batch, context, elem, elem)
+    floor_ms = {k: 1e3 * v / bw for k, v in need.items()}
+    q = statistics.quantiles(times, n=10)
+    out = {"benchmark": "decode_step", "model": model, "dtype": dtype, "batch": batch,
+           "prompt_len": prompt_len, "steps": steps, "context_tokens": context,
+           "step_ms": {"median": round(1e3 * statistics.median(times), 2),
+                       "p10": round(1e3 * q[0], 2), "p90": round(1e3 * q[-1], 2)},
+           "profiled_ms_per_step": {k: round(v, 3) for k, v in profiled.items()},
+           "read_bandwidth_gb_s": round(bw / 1e9, 2),
+           "floor_bytes": need, "floor_ms": {k: round(v, 2) for k, v in floor_ms.items()},
+           "floor_ms_total": round(sum(floor_ms.values()), 2),
+           "machine": machine_info()}
+    write_results("decode_step", out)
+    return out
+
+
+def markdown(r: dict) -> str:
+    """The figures as a markdown table (ms per decode step)."""
+    p = r["profiled_ms_per_step"]
+    total = sum(p.values())
+    f = r["floor_ms"]
+    floor_of = {LM_HEAD: f["lm_head"], "projections (oneDNN GEMM)": f["weights"],
+                "attention kernel": f["kv"]}
+    rows = [f"| {k} | {v:.2f} | {100 * v / total:.0f}% | "
+            f"{floor_of[k]:.2f} |" if k in floor_of else
+            f"| {k} | {v:.2f} | {100 * v / total:.0f}% | - |" for k, v in p.items()]
+    s = r["step_ms"]
+    return "\n".join([
+        f"\"{r['model']}\" {r['dtype']}, {r['batch']} sequences at ~{r['context_tokens']} tokens "
+        f"of context, {r['steps']} decode steps; read bandwidth {r['read_bandwidth_gb_s']} GB/s",
+        "", "| where | ms per step (cProfile own time) | share | floor (bytes / bandwidth) |",
+        "| --- | ---: | ---: | ---: |", *rows,
+        f"| **profiled step** | {total:.2f} | | **{r['floor_ms_total']:.2f}** |",
+        f"| **step without the profiler** | {s['median']:.2f} (p10 {s['p10']:.2f}, "
+        f"p90 {s['p90']:.2f}) | | |"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    a = ap.parse_args()
+    print(markdown(run(a.model, a.batch, a.prompt_len, a.steps, a.dtype)))
+
+
+if __name__ == "__main__":
+    main()
