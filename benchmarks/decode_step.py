@@ -7,9 +7,12 @@ runs decode steps only (every sequence one token per step, greedy, forced length
   buckets (layer projections, lm_head, attention kernel, KV write, RMSNorm, other torch ops,
   sampler, scheduler, runner input prep, the rest of the engine). cProfile slows the Python
   parts, so the buckets sum to more than the unprofiled step; the C buckets are barely touched.
-- the floor: the bytes a decode step must read (every weight once, the lm_head too; the
-  embedding rows of the batch only; the K/V of every context token once) over the read
-  bandwidth measured in the same run (`_core.stream_read_sum` over 1 GiB, median of 5).
+- the floor of each part, the larger of two: the bytes it must read (every weight once, the
+  lm_head too; the embedding rows of the batch only; the K/V of every context token once) over
+  the read bandwidth measured in the same run (`_core.stream_read_sum` over 1 GiB, median of 5),
+  and its multiply-adds over the dense matmul rate measured in the same run (a 2048^3 `torch.mm`
+  in the model's dtype, median of 5: what oneDNN reaches on this CPU when nothing starves it).
+  On a 2-core CPU a 16-row fp32 decode step is compute-bound, not bandwidth-bound.
 
 Prints a markdown table and writes benchmarks/results/decode_step.json.
 
@@ -62,6 +65,19 @@ def read_bandwidth(gib: float = 1.0, rounds: int = 5) -> float:
         _core.stream_read_sum(buf)
         times.append(time.perf_counter() - t0)
     return buf.numel() * 4 / statistics.median(times)
+
+
+def matmul_rate(dtype: torch.dtype, n: int = 2048, rounds: int = 5) -> float:
+    """Multiply-add FLOP/s (2 per multiply-add) of an n x n x n torch.mm in `dtype` (median)."""
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    torch.mm(a, b)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(times)
 
 
 def floor_bytes(cfg, batch: int, context: int, weight_bytes: int, kv_bytes: int) -> Dict[str, int]:
@@ -138,9 +154,13 @@ def run(model: str = "small", batch: int = 16, prompt_len: int = 128, steps: int
     profiled = _profiled(eng, steps)
     eng.abort_request(list(eng.requests))
     bw = read_bandwidth()
+    rate = matmul_rate(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     elem = 2 if dtype == "bfloat16" else 4
     need = floor_bytes(cfg, batch, context, elem, elem)
-    floor_ms = {k: 1e3 * v / bw for k, v in need.items()}
+    flops = {k: 2 * batch * v // elem for k, v in need.items() if k != "kv"}
+    # attention: q.k and p.v, 2 multiply-adds per head dim per context token per query head
+    flops["kv"] = 4 * batch * context * cfg.num_hidden_layers * cfg.q_size
+    floor_ms = {k: 1e3 * max(v / bw, flops[k] / rate) for k, v in need.items()}
     q = statistics.quantiles(times, n=10)
     out = {"benchmark": "decode_step", "model": model, "dtype": dtype, "batch": batch,
            "prompt_len": prompt_len, "steps": steps, "context_tokens": context,
@@ -148,7 +168,10 @@ def run(model: str = "small", batch: int = 16, prompt_len: int = 128, steps: int
                        "p10": round(1e3 * q[0], 2), "p90": round(1e3 * q[-1], 2)},
            "profiled_ms_per_step": {k: round(v, 3) for k, v in profiled.items()},
            "read_bandwidth_gb_s": round(bw / 1e9, 2),
-           "floor_bytes": need, "floor_ms": {k: round(v, 2) for k, v in floor_ms.items()},
+           "matmul_gflop_s": round(rate / 1e9, 1),
+           "floor_bytes": need, "floor_flops": flops,
+           "floor_bound": {k: "compute" if flops[k] / rate > need[k] / bw else "bandwidth"
+                           for k in need}, "floor_ms": {k: round(v, 2) for k, v in floor_ms.items()},
            "floor_ms_total": round(sum(floor_ms.values()), 2),
            "machine": machine_info()}
     write_results("decode_step", out)
@@ -160,16 +183,19 @@ def markdown(r: dict) -> str:
     p = r["profiled_ms_per_step"]
     total = sum(p.values())
     f = r["floor_ms"]
-    floor_of = {LM_HEAD: f["lm_head"], "projections (oneDNN GEMM)": f["weights"],
-                "attention kernel": f["kv"]}
+    b = r["floor_bound"]
+    floor_of = {LM_HEAD: f"{f['lm_head']:.2f} ({b['lm_head']})",
+                "projections (oneDNN GEMM)": f"{f['weights']:.2f} ({b['weights']})",
+                "attention kernel": f"{f['kv']:.2f} ({b['kv']})"}
     rows = [f"| {k} | {v:.2f} | {100 * v / total:.0f}% | "
-            f"{floor_of[k]:.2f} |" if k in floor_of else
+            f"{floor_of[k]} |" if k in floor_of else
             f"| {k} | {v:.2f} | {100 * v / total:.0f}% | - |" for k, v in p.items()]
     s = r["step_ms"]
     return "\n".join([
         f"\"{r['model']}\" {r['dtype']}, {r['batch']} sequences at ~{r['context_tokens']} tokens "
-        f"of context, {r['steps']} decode steps; read bandwidth {r['read_bandwidth_gb_s']} GB/s",
-        "", "| where | ms per step (cProfile own time) | share | floor (bytes / bandwidth) |",
+        f"of context, {r['steps']} decode steps; read bandwidth {r['read_bandwidth_gb_s']} GB/s, "
+        f"dense matmul {r['matmul_gflop_s']} GFLOP/s",
+        "", "| where | ms per step (cProfile own time) | share | floor (bound) |",
         "| --- | ---: | ---: | ---: |", *rows,
         f"| **profiled step** | {total:.2f} | | **{r['floor_ms_total']:.2f}** |",
         f"| **step without the profiler** | {s['median']:.2f} (p10 {s['p10']:.2f}, "
