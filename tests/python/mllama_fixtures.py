@@ -63,7 +63,8 @@ def tiny_text_config(num_hidden_layers: int = 3, cross_attention_layers: Sequenc
 def tiny_mllama_config(text: Optional[dict] = None, vision: Optional[dict] = None) -> dict:
     """A MllamaForConditionalGeneration config.json dict (text 3 layers, layer 1 cross)."""
     return dict(architectures=["MllamaForConditionalGeneration"], model_type="mllama",
-                text_config=text or tiny_text_config(), vision_config=vision or tiny_vision_config(),
+                text_config=text or tiny_text_config(),
+                vision_config=vision or tiny_vision_config(),
                 image_token_index=IMAGE_TOKEN)
 
 

@@ -10,11 +10,14 @@ import os
 import pytest
 import torch
 
-from mllama_fixtures import (hf_mllama_model, hf_vision_model, tiny_mllama_config,
+from mllama_fixtures import (hf_image_processor, hf_mllama_model, hf_vision_model,
+                             random_image, tiny_mllama_config, tiny_preprocessor_config,
                              tiny_vision_config, write_tiny_mllama)
 from pagedllm.model.mllama_vision import MllamaVisionModel
 from pagedllm.model.mllama_vision_config import MllamaVisionConfig
 from pagedllm.model.mllama_vision_weights import vision_tensor_shapes
+from pagedllm.multimodal.mllama_processor import (MllamaImageProcessorConfig, preprocess_mllama,
+                                                  stack_images)
 
 TIGHT = dict(rtol=1e-5, atol=1e-5)
 # (aspect_ratio_id, tiles) of the default supported ratios for max_num_tiles 4:
@@ -93,6 +96,25 @@ def test_gates_and_tiles_matter():
     half = mask.clone()
     half[0, 2:] = 0
     assert not torch.allclose(base, ours(px, ids, half), atol=1e-3)
+
+
+def test_processor_then_encoder_match_transformers():
+    """Real images of different aspect ratios: our processor + encoder against transformers'
+    processor + encoder, 1 and 2 images."""
+    vision = tiny_vision_config()
+    hf = hf_vision_model(vision, seed=12)
+    ours = ours_from(hf, vision)
+    cfg = MllamaImageProcessorConfig.from_dict(tiny_preprocessor_config())
+    images = [random_image(1, (90, 30)), random_image(2, (50, 60), "RGBA"),
+              random_image(3, (20, 20), "L")]
+    for group in ([images[0]], images[1:]):
+        ref = hf_image_processor()([group], return_tensors="pt")
+        with torch.inference_mode():
+            want = hf(ref["pixel_values"], ref["aspect_ratio_ids"],
+                      ref["aspect_ratio_mask"]).last_hidden_state[0]
+        px, ids, mask = (torch.from_numpy(a) for a in
+                         stack_images([preprocess_mllama(im, cfg) for im in group]))
+        torch.testing.assert_close(ours(px, ids, mask), want, **TIGHT)
 
 
 def test_bfloat16_close_to_float32():

@@ -139,7 +139,7 @@ def attention_bias(aspect_ratio_mask: torch.Tensor, num_patches: int, padded_len
     Returns:
         [B, 1, tiles * padded_len, tiles * padded_len] of `dtype`.
     """
-    b, tiles = aspect_ratio_mask.shape
+    b = aspect_ratio_mask.shape[0]
     pad_row = torch.arange(padded_len, device=aspect_ratio_mask.device) >= num_patches
     # padding: [B, tiles * padded_len], True at padding positions
     padding = ((aspect_ratio_mask == 0)[:, :, None] | pad_row[None, None, :]).reshape(b, -1)

@@ -39,13 +39,15 @@ class MllamaVisionConfig:
         num_global_layers: layers of the gated global transformer (across an image's tiles).
         attention_heads: heads of every vision attention (`num_attention_heads` in transformers'
             attribute map).
-        vision_output_dim: width of the output: hidden_size x (1 + len(intermediate_layers_indices)).
+        vision_output_dim: width of the output, hidden_size x (1 +
+            len(intermediate_layers_indices)).
         image_size: a tile's side in pixels (square tiles).
         max_num_tiles: tiles per image, padded tiles included.
         intermediate_layers_indices: local-transformer layers whose outputs are appended to the
             final state (index i = the output of layer i, Python indexing).
-        supported_aspect_ratios: the (width, height) tile arrangements the aspect-ratio ids
-            1..len() select; id 0 is padding.
+        supported_aspect_ratios: the tile arrangements the aspect-ratio ids 1..len() select
+            (id 0 is padding); the encoder uses only their count (the embedding tables' rows),
+            the processor (multimodal/mllama_processor.py) their order.
     """
 
     hidden_size: int = 1280
