@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from mllama_fixtures import hf_image_processor, random_image, tiny_preprocessor_config
 from mm_fixtures import png_bytes
@@ -54,6 +55,31 @@ def test_matches_transformers_every_size_and_aspect_ratio(make):
         assert_same([got], proc([[image]], return_tensors="np"))
         seen.add(got.aspect_ratio)
     assert seen == set(supported_aspect_ratios(4))  # every aspect-ratio id was compared
+
+
+def _palette_with_transparency(seed, size):
+    image = random_image(seed, size).convert("P")
+    image.info["transparency"] = 0  # palette entry 0 transparent: composited onto white
+    return image
+
+
+def _sixteen_bit(seed, size):
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 65536, (size[1], size[0])).astype(np.uint16))
+
+
+@pytest.mark.parametrize("make", [
+    lambda seed, size: random_image(seed, size, "RGBA").convert("LA"),
+    lambda seed, size: random_image(seed, size).convert("CMYK"),
+    lambda seed, size: random_image(seed, size).convert("1"),
+    _palette_with_transparency, _sixteen_bit,
+], ids=["LA", "CMYK", "1", "P-transparency", "I16"])
+def test_less_common_modes_match_transformers(make):
+    proc = hf_image_processor()
+    cfg = MllamaImageProcessorConfig.from_dict(tiny_preprocessor_config())
+    for seed, size in enumerate(SIZES[::4]):
+        image = make(seed, size)
+        assert_same([preprocess_mllama(image, cfg)], proc([[image]], return_tensors="np"))
 
 
 def test_two_images_of_one_prompt_match_transformers_batch():

@@ -231,6 +231,8 @@ def test_config_defaults_and_aliases():
     cfg = MllamaVisionConfig.from_dict({})  # transformers' defaults: Llama 3.2 Vision 11B
     assert (cfg.hidden_size, cfg.num_patches, cfg.vision_output_dim) == (1280, 1025, 7680)
     assert cfg.max_aspect_ratio_id == 8
+    real = MllamaVisionConfig.from_dict({"image_size": 560})  # Llama 3.2 Vision's config.json
+    assert (real.num_patches, real.head_dim) == (1601, 80)
     alias = {**tiny_vision_config(), "num_attention_heads": 8}
     del alias["attention_heads"]
     assert MllamaVisionConfig.from_dict(alias).attention_heads == 8
