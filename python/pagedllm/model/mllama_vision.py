@@ -26,6 +26,7 @@ from torch import nn
 
 from pagedllm.model.clip_vision import activation
 from pagedllm.model.mllama_vision_config import MllamaVisionConfig
+from pagedllm.model.mllama_vision_weights import load_vision_state
 
 _ROW_MULTIPLE = 8  # each tile's positions are padded to a multiple of this
 
@@ -188,8 +189,6 @@ class MllamaVisionModel(nn.Module):
             ValueError: listing every missing, duplicated, unexpected, misshapen, non-float or
                 non-finite tensor; nothing is copied then.
         """
-        from pagedllm.model.mllama_vision_weights import load_vision_state
-
         load_vision_state(self, tensors)
 
     @torch.inference_mode()

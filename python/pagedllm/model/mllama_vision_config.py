@@ -35,8 +35,9 @@ class MllamaVisionConfig:
     """The Mllama vision encoder's hyper-parameters (transformers' names).
 
     Attributes:
-        num_hidden_layers: layers of the local (per-tile) transformer.
-        num_global_layers: layers of the gated global transformer (across an image's tiles).
+        num_hidden_layers: layers of the local transformer (ungated; despite the name it
+            attends across all tiles of an image, as transformers' does).
+        num_global_layers: layers of the global transformer (tanh-gated branches).
         attention_heads: heads of every vision attention (`num_attention_heads` in transformers'
             attribute map).
         vision_output_dim: width of the output, hidden_size x (1 +
@@ -108,8 +109,8 @@ class MllamaVisionConfig:
         if not ratios or bad:
             raise ValueError(f"vision_config.supported_aspect_ratios = "
                              f"{[list(r) for r in ratios]}: expected a non-empty list of "
-                             f"[width, height] tile counts with width x height <= max_num_tiles "
-                             f"= {self.max_num_tiles}")
+                             f"pairs of positive tile counts whose product is at most "
+                             f"max_num_tiles = {self.max_num_tiles}")
 
     @property
     def num_patches(self) -> int:
@@ -169,7 +170,7 @@ class MllamaVisionConfig:
         if not isinstance(ratios, (list, tuple)) or not all(
                 isinstance(r, (list, tuple)) for r in ratios):
             raise ValueError(f"vision_config.supported_aspect_ratios = {ratios!r}: expected a "
-                             f"list of [width, height] pairs")
+                             f"list of pairs of tile counts")
         kw["supported_aspect_ratios"] = tuple(tuple(r) for r in ratios)
         return cls(**kw)
 
