@@ -129,6 +129,17 @@ void check_index_1d(const Tensor& t, int64_t n, bool on_cpu) {
   t.require_inner_contiguous(0);
 }
 
+// [num_tokens, 2] int32 cross-attention key ranges (see kernel_args.h).
+void check_kv_ranges(const Tensor& t, int64_t num_tokens, bool on_cpu) {
+  if (on_cpu) t.require_cpu();
+  t.require_ndim(2);
+  PAGEDLLM_CHECK_ARG(t.dtype() == DType::kInt32, "kv_ranges must be int32, got " << t.describe());
+  PAGEDLLM_CHECK_ARG(t.size(0) == num_tokens && t.size(1) == 2,
+                     "kv_ranges must be [num_tokens, 2] = [" << num_tokens << ", 2], got "
+                                                             << t.describe());
+  t.require_inner_contiguous(0);
+}
+
 // reshape_and_cache's params (see kernel_args.h).
 k::ReshapeAndCacheParams reshape_and_cache_params(const Tensor& kt, const Tensor& vt,
                                                   const Tensor& kc, const Tensor& vc,

@@ -50,6 +50,9 @@ kernels::AttentionParams attention_params(const Tensor& out, const Tensor& q, co
                                           const std::string& kv_cache_dtype, double k_scale,
                                           double v_scale, bool on_cpu = true);
 
+// Checks kv_ranges: a contiguous [num_tokens, 2] int32 array (bind_cross.cpp).
+void check_kv_ranges(const Tensor& t, int64_t num_tokens, bool on_cpu = true);
+
 // Decode reads one query token per sequence: throws naming both counts when they differ.
 void check_decode_rows(int64_t query_tokens, int64_t table_rows);
 

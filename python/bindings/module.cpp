@@ -38,6 +38,7 @@ PYBIND11_MODULE(_core, m) {
 #ifdef PAGEDLLM_WITH_KERNELS
   pagedllm::python::bind_kernels(m);
   pagedllm::python::bind_sparse_kernels(m);
+  pagedllm::python::bind_cross_kernels(m);
 #endif
 #ifdef PAGEDLLM_WITH_CUDA
   pagedllm::python::bind_cuda(m);

@@ -130,6 +130,31 @@ def paged_attention_prefill_sparse(out: torch.Tensor, query: torch.Tensor,
                                            v_scale)
 
 
+def paged_cross_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+                          value_cache: torch.Tensor, block_tables: torch.Tensor,
+                          cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor,
+                          kv_ranges: torch.Tensor, scale: float, kv_cache_dtype: str = "auto",
+                          k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Non-causal cross-attention (Mllama) over each sequence's paged cross K/V; writes `out`.
+
+    Args:
+        out, query: [num_tokens, num_heads, head_dim] (packed query tokens of every sequence).
+        key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_dim], the cross
+            K/V written by reshape_and_cache into the sequences' cross blocks.
+        block_tables: [num_seqs, max_blocks] int32, each sequence's CROSS block table.
+        cu_seqlens_q: [num_seqs + 1] int32 (any number of query tokens per sequence).
+        context_lens: [num_seqs] int32, the cross tokens stored for each sequence.
+        kv_ranges: [num_tokens, 2] int32: query token i attends its sequence's cross positions
+            kv_ranges[i, 0] <= j < kv_ranges[i, 1]; 0 <= lo <= hi <= context_len; lo == hi
+            gives an output row of exactly zero.
+        scale, kv_cache_dtype, k_scale, v_scale: as for paged_attention_decode.
+    """
+    backend = _cuda() if _is_cuda(key_cache) else _core
+    backend.paged_cross_attention(out, query, key_cache, value_cache, block_tables,
+                                  cu_seqlens_q, context_lens, kv_ranges, scale, kv_cache_dtype,
+                                  k_scale, v_scale)
+
+
 def copy_blocks(caches: Sequence[torch.Tensor], block_mapping: torch.Tensor) -> None:
     """Copies block src -> dst ([k, 2] pairs) inside every cache tensor (copy-on-write)."""
     backend = _cuda() if caches and _is_cuda(caches[0]) else _core

@@ -124,12 +124,13 @@ inline void scale_row(float* row, int hd, float a) {
   for (; d < hd; d += 8) vstore8(row + d, vmul(vload8(row + d), av));
 }
 
-// Online-softmax step of one row: turns s[0, n) into probabilities p (in place; tokens at or
-// past `visible` get 0), updates max/sum and rescales the row's accumulator. s has room for n
-// rounded up to kW (kChunk is a multiple of 16).
-inline void row_softmax(float* s, int visible, int n, float* row_max, float* row_sum, float* acc,
-                        int hd) {
+// Online-softmax step of one row: turns s[0, n) into probabilities p (in place; tokens before
+// `first` or at or past `visible` get 0), updates max/sum and rescales the row's accumulator.
+// first < visible. s has room for n rounded up to kW (kChunk is a multiple of 16).
+inline void row_softmax(float* s, int first, int visible, int n, float* row_max, float* row_sum,
+                        float* acc, int hd) {
   const int nw = (n + kW - 1) & ~(kW - 1);
+  for (int t = 0; t < first; ++t) s[t] = kNegInf;
   for (int t = visible; t < nw; ++t) s[t] = kNegInf;
   V mv = vset1(kNegInf);
   for (int t = 0; t < nw; t += kW) mv = vmax(mv, vload(s + t));
@@ -228,21 +229,24 @@ void values_pass(const Chunk& c, int n, const Chunk* next, float (*p)[kChunk], f
 template <CacheType CT, int R>
 void attend_tile(const AttendTask& task, int row0, const Chunk& c, const Chunk* next) {
   const int hd = task.head_dim;
-  int visible[R];
+  int first[R], visible[R];  // row r sees the chunk's tokens [first[r], visible[r])
   int n = 0;  // tokens any row of the tile sees
   for (int r = 0; r < R; ++r) {
     visible[r] = imax(0, imin(c.n, task.row_limit[row0 + r] - c.pos0));
-    n = imax(n, visible[r]);
+    first[r] = task.row_start == nullptr
+                   ? 0
+                   : imax(0, imin(c.n, task.row_start[row0 + r] - c.pos0));
+    if (first[r] < visible[r]) n = imax(n, visible[r]);
   }
   if (n == 0) return;
   alignas(64) float s[R][kChunk];
   tile_scores<CT, R>(task.q + row0 * hd, hd, c, n, next, s);
   for (int r = 0; r < R; ++r) {
-    if (visible[r] == 0) {
+    if (first[r] >= visible[r]) {
       for (int t = 0; t < n; ++t) s[r][t] = 0.0f;
       continue;
     }
-    row_softmax(s[r], visible[r], n, task.row_max + row0 + r, task.row_sum + row0 + r,
+    row_softmax(s[r], first[r], visible[r], n, task.row_max + row0 + r, task.row_sum + row0 + r,
                 task.acc + (row0 + r) * hd, hd);
   }
   float* acc = task.acc + row0 * hd;

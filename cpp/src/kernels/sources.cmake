@@ -8,7 +8,9 @@ target_sources(pagedllm_core PRIVATE
   ${_pagedllm_kernels_dir}/convert.cpp
   ${_pagedllm_kernels_dir}/validate.cpp
   ${_pagedllm_kernels_dir}/engine_generic.cpp
+  ${_pagedllm_kernels_dir}/attention_rows.cpp
   ${_pagedllm_kernels_dir}/attention.cpp
+  ${_pagedllm_kernels_dir}/cross_attention.cpp
   ${_pagedllm_kernels_dir}/block_sparse.cpp
   ${_pagedllm_kernels_dir}/quest_select.cpp
   ${_pagedllm_kernels_dir}/reshape_and_cache.cpp

@@ -75,37 +75,74 @@ void validate_attention_sizes(const AttentionParams& p, bool prefill) {
   }
 }
 
+namespace {
+
+// cu_seqlens_q starts at 0, ends at num_tokens and never decreases.
+void check_cu_seqlens(const AttentionParams& p) {
+  PAGEDLLM_CHECK_ARG(p.cu_seqlens_q[0] == 0, "cu_seqlens_q[0] must be 0, got "
+                                                 << p.cu_seqlens_q[0]);
+  PAGEDLLM_CHECK_ARG(p.cu_seqlens_q[p.num_seqs] == p.num_tokens,
+                     "cu_seqlens_q[-1] must equal the number of query tokens ("
+                         << p.num_tokens << "), got " << p.cu_seqlens_q[p.num_seqs]);
+  for (int32_t s = 0; s < p.num_seqs; ++s) {
+    PAGEDLLM_CHECK_ARG(p.cu_seqlens_q[s + 1] >= p.cu_seqlens_q[s],
+                       "cu_seqlens_q must be non-decreasing (at " << s << ")");
+  }
+}
+
+// context_lens[s] inside the table; with check_tables, the blocks it uses inside the pool.
+void check_context(const AttentionParams& p, int32_t s, bool check_tables) {
+  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.cache.block_size;
+  const int32_t len = p.context_lens[s];
+  PAGEDLLM_CHECK_ARG(len >= 0 && len <= capacity,
+                     "context_lens[" << s << "] = " << len << " is outside [0, " << capacity
+                                     << "] (max_blocks_per_seq * block_size)");
+  if (!check_tables) return;
+  const int32_t* row = p.block_tables + static_cast<int64_t>(s) * p.block_table_stride;
+  const int32_t used = (len + p.cache.block_size - 1) / p.cache.block_size;
+  for (int32_t b = 0; b < used; ++b) {
+    PAGEDLLM_CHECK_INDEX(row[b] >= 0 && row[b] < p.cache.num_blocks,
+                         "block_tables[" << s << "][" << b << "] = " << row[b]
+                                         << " is outside the pool [0, " << p.cache.num_blocks
+                                         << ")");
+  }
+}
+
+}  // namespace
+
 void validate_attention(const AttentionParams& p, bool prefill, bool check_tables) {
   validate_cache(p.cache);
   validate_attention_sizes(p, prefill);
-  if (prefill) {
-    PAGEDLLM_CHECK_ARG(p.cu_seqlens_q[0] == 0, "cu_seqlens_q[0] must be 0, got "
-                                                   << p.cu_seqlens_q[0]);
-    PAGEDLLM_CHECK_ARG(p.cu_seqlens_q[p.num_seqs] == p.num_tokens,
-                       "cu_seqlens_q[-1] must equal the number of query tokens ("
-                           << p.num_tokens << "), got " << p.cu_seqlens_q[p.num_seqs]);
-  }
-  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.cache.block_size;
+  if (prefill) check_cu_seqlens(p);
   for (int32_t s = 0; s < p.num_seqs; ++s) {
+    check_context(p, s, check_tables);
+    if (!prefill) continue;
     const int32_t len = p.context_lens[s];
-    PAGEDLLM_CHECK_ARG(len >= 0 && len <= capacity,
-                       "context_lens[" << s << "] = " << len << " is outside [0, " << capacity
-                                       << "] (max_blocks_per_seq * block_size)");
-    if (prefill) {
-      const int32_t q_len = p.cu_seqlens_q[s + 1] - p.cu_seqlens_q[s];
-      PAGEDLLM_CHECK_ARG(q_len >= 0, "cu_seqlens_q must be non-decreasing (at " << s << ")");
-      PAGEDLLM_CHECK_ARG(q_len <= len, "sequence " << s << " has " << q_len
-                                                   << " query tokens but a context of only "
-                                                   << len << " (new tokens must be cached first)");
-    }
-    if (!check_tables) continue;
-    const int32_t* row = p.block_tables + static_cast<int64_t>(s) * p.block_table_stride;
-    const int32_t used = (len + p.cache.block_size - 1) / p.cache.block_size;
-    for (int32_t b = 0; b < used; ++b) {
-      PAGEDLLM_CHECK_INDEX(row[b] >= 0 && row[b] < p.cache.num_blocks,
-                           "block_tables[" << s << "][" << b << "] = " << row[b]
-                                           << " is outside the pool [0, " << p.cache.num_blocks
-                                           << ")");
+    const int32_t q_len = p.cu_seqlens_q[s + 1] - p.cu_seqlens_q[s];
+    PAGEDLLM_CHECK_ARG(q_len <= len, "sequence " << s << " has " << q_len
+                                                 << " query tokens but a context of only " << len
+                                                 << " (new tokens must be cached first)");
+  }
+}
+
+void validate_cross_attention(const AttentionParams& p, const int32_t* kv_ranges) {
+  validate_cache(p.cache);
+  validate_attention_sizes(p, /*prefill=*/true);
+  PAGEDLLM_CHECK_ARG(p.num_tokens == 0 || kv_ranges != nullptr, "kv_ranges is null");
+  check_cu_seqlens(p);
+  for (int32_t s = 0; s < p.num_seqs; ++s) {
+    check_context(p, s, /*check_tables=*/true);
+    const int32_t len = p.context_lens[s];
+    for (int32_t i = p.cu_seqlens_q[s]; i < p.cu_seqlens_q[s + 1]; ++i) {
+      const int32_t lo = kv_ranges[2 * static_cast<int64_t>(i)];
+      const int32_t hi = kv_ranges[2 * static_cast<int64_t>(i) + 1];
+      PAGEDLLM_CHECK_ARG(lo <= hi, "kv_ranges[" << i << "] = (" << lo << ", " << hi
+                                                << "): lo must be <= hi");
+      PAGEDLLM_CHECK_INDEX(lo >= 0 && hi <= len,
+                           "kv_ranges[" << i << "] = (" << lo << ", " << hi
+                                        << ") is outside [0, " << len << "] (context_lens["
+                                        << s << "], the cross tokens of query token " << i
+                                        << "'s sequence)");
     }
   }
 }

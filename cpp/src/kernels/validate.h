@@ -21,6 +21,12 @@ void validate_attention_sizes(const AttentionParams& p, bool prefill);
 // block-sparse call checks only the listed ones: see block_sparse.h).
 void validate_attention(const AttentionParams& p, bool prefill, bool check_tables = true);
 
+// paged_cross_attention: the cache, sizes, cu_seqlens_q (0, non-decreasing, ends at
+// num_tokens; q_len is not bounded by the context), context lengths inside the table, the
+// blocks they use inside the pool, and each token's kv range 0 <= lo <= hi <= its sequence's
+// context length.
+void validate_cross_attention(const AttentionParams& p, const int32_t* kv_ranges);
+
 // Sizes of key/value and every slot in [-1, num_blocks * block_size).
 void validate_reshape_and_cache(const ReshapeAndCacheParams& p);
 

@@ -30,6 +30,13 @@ void paged_attention_decode(const AttentionParams& p);
 // blocks plus its own new tokens, which must already be in the cache).
 void paged_attention_prefill(const AttentionParams& p);
 
+// Cross-attention (Mllama): non-causal attention of the packed query tokens of each sequence
+// (p.cu_seqlens_q, any number per sequence) over a range of its p.context_lens[s] cached cross
+// tokens: query token i attends the positions kv_ranges[2i] <= j < kv_ranges[2i + 1] of its
+// sequence's table (0 <= lo <= hi <= context length; lo == hi gives an output row of zeros).
+// kv_ranges: [num_tokens, 2] int32, contiguous. Throws before writing for a bad range.
+void paged_cross_attention(const AttentionParams& p, const int32_t* kv_ranges);
+
 // paged_attention_decode over only the logical blocks that `sparse` lists per sequence (or per
 // (sequence, KV head)); on all blocks it computes what the dense call does, bit for bit.
 // Throws for a list length, an unsorted list or a block outside the sequence's context; only

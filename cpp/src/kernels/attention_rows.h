@@ -1,0 +1,45 @@
+// attention_rows.h (internal) — what the attention drivers (attention.cpp, cross_attention.cpp)
+// share around the engine: per-thread scratch, query rows in and output rows out (activation
+// type <-> float32), the engine task of one (sequence, KV head), and the scale factors that fold
+// the softmax scale, fp8 scales and the engine's e4m3 read factor into the query and output.
+// Thread-safety: thread_scratch() is per thread; the rest is stateless.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine.h"
+#include "pagedllm/kernels/params.h"
+
+namespace pagedllm::kernels {
+
+// Per-thread buffers of one task (reused across calls).
+struct AttentionScratch {
+  std::vector<float> q, acc, row_max, row_sum;  // [rows, hd], [rows, hd], [rows], [rows]
+  std::vector<int32_t> limit, start;            // [rows] each
+  // Sizes the buffers for `rows` rows of head_dim `hd`; acc, row_max and row_sum are reset.
+  void resize(int rows, int hd);
+};
+
+// This thread's scratch.
+AttentionScratch& thread_scratch();
+
+bool is_fp8(CacheType t);
+
+// q rows of heads [head0, head0 + count) of query token `token`, times `mul`, as float32 into
+// dst [count, head_dim].
+void load_query(const AttentionParams& p, int token, int head0, int count, float mul, float* dst);
+
+// out[token, head] = acc [head_dim] * mul, in the activation type (round to nearest even).
+void store_out(const AttentionParams& p, int token, int head, const float* acc, float mul);
+
+// The engine task for `rows` query rows (q [rows, head_dim]) of KV head `kvh` of sequence `seq`
+// (limits, range and state pointers left for the caller).
+AttendTask make_task(const AttentionParams& p, int seq, int kvh, const float* q, int rows);
+
+// Factor on the query: softmax scale, fp8 k_scale, and undoing the engine's e4m3 read factor.
+float query_mul(const AttentionParams& p, const EngineOps& ops);
+// Factor on the output: fp8 v_scale and the engine's e4m3 read factor.
+float value_mul(const AttentionParams& p, const EngineOps& ops);
+
+}  // namespace pagedllm::kernels
