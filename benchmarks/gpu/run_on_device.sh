@@ -60,7 +60,7 @@ if [ "$build_ok" = 1 ]; then
   step import 60 tests.log "$PY" -c "import pagedllm._core as c; i = c.build_info(); print(i); assert i['gpu_count'] > 0, 'no GPU visible'"
   step tests 300 tests.log "$PY" -m pytest -q -rfEs -p no:cacheprovider \
     --junitxml="$OUT/junit.xml" tests/python/test_cuda_kernels.py tests/python/test_cuda_nogpu.py \
-    tests/python/test_cuda_sparse.py
+    tests/python/test_cuda_sparse.py tests/python/test_cuda_cross_attention.py
   # The engine on the GPU (issue 12): parity with transformers, swap under pressure, the
   # swap copies on their own stream (chrome trace kept under $OUT/traces).
   PAGEDLLM_TRACE_DIR="$OUT/traces" step engine_tests 240 tests.log "$PY" -m pytest -q -rfEs \
@@ -88,7 +88,10 @@ if [ "$build_ok" = 1 ]; then
       "tests/python/test_cuda_kernels.py::test_prefill_every_head_dim_and_dtype[g7x1-auto-bf16-80]" \
       "tests/python/test_cuda_kernels.py::test_prefill_every_head_dim_and_dtype[g64x1-auto-f32-64]" \
       "tests/python/test_cuda_kernels.py::test_reshape_and_cache_matches_cpu_bit_for_bit[i64-f16-fp8]" \
-      "tests/python/test_cuda_kernels.py::test_copy_blocks_matches_torch" "tests/python/test_cuda_kernels.py::test_bad_block_id_raises_and_the_context_survives"
+      "tests/python/test_cuda_kernels.py::test_copy_blocks_matches_torch" "tests/python/test_cuda_kernels.py::test_bad_block_id_raises_and_the_context_survives" \
+      "tests/python/test_cuda_cross_attention.py::test_cross_ranges_in_one_tile" \
+      "tests/python/test_cuda_cross_attention.py::test_cross_decode_and_long_contexts[fp8_e4m3]" \
+      "tests/python/test_cuda_cross_attention.py::test_cross_bad_range_raises_and_the_context_survives[past_end-bf16]"
     step racecheck 120 sanitizer.log compute-sanitizer --tool racecheck --error-exitcode 9 \
       "$PY" -m pytest -q -x -p no:cacheprovider \
       "tests/python/test_cuda_kernels.py::test_decode_every_head_dim_and_dtype[bf16-auto-128]" \
@@ -96,7 +99,7 @@ if [ "$build_ok" = 1 ]; then
       "tests/python/test_cuda_kernels.py::test_prefill_every_head_dim_and_dtype[g8x8-auto-f16-96]"
   fi
   step cpu_kernel_tests 150 tests.log "$PY" -m pytest -q -x -p no:cacheprovider \
-    tests/python/test_kernels_attention.py
+    tests/python/test_kernels_attention.py tests/python/test_kernels_cross_attention.py
 fi
 echo "--- summary"
 cat "$OUT/summary.txt"

@@ -19,6 +19,7 @@ const char* kernel_name(int id) {
     case detail::kKernelDecode: return "paged_attention_decode";
     case detail::kKernelPrefill: return "paged_attention_prefill";
     case detail::kKernelCopyBlocks: return "copy_blocks";
+    case detail::kKernelCross: return "paged_cross_attention";
     default: return "a pagedllm CUDA kernel";
   }
 }
@@ -70,6 +71,14 @@ const char* kernel_name(int id) {
     case detail::kErrSparseOrder:
       PAGEDLLM_CHECK_ARG(false, k << ": sparse indices must be strictly increasing per list: "
                                   << e.b << " then " << e.c << " at indices[" << e.a << "]");
+    case detail::kErrKvRangeOrder:
+      PAGEDLLM_CHECK_ARG(false, k << ": kv_ranges[" << e.a << "] = (" << e.b << ", " << e.c
+                                  << "): lo must be <= hi");
+    case detail::kErrKvRange:
+      PAGEDLLM_CHECK_INDEX(false, k << ": kv_ranges[" << e.a << "] = (" << e.b << ", " << e.c
+                                    << ") is outside [0, " << e.d
+                                    << "] (the context length of query token " << e.a
+                                    << "'s sequence)");
     default:
       PAGEDLLM_CHECK_STATE(false, k << ": unknown device error code " << e.code);
   }

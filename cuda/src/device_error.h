@@ -30,6 +30,8 @@ enum ErrorCode : int {
   kErrSparseIndptr = 10,  // a = list, b = indptr[list], c = indptr[list + 1], d = num_indices
   kErrSparseIndex = 11,   // a = position in indices, b = id, c = list, d = blocks the seq uses
   kErrSparseOrder = 12,   // a = position in indices, b = previous id, c = id
+  kErrKvRangeOrder = 13,  // a = query token, b = lo, c = hi (lo > hi)
+  kErrKvRange = 14,       // a = query token, b = lo, c = hi, d = context_len (outside [0, d])
 };
 
 enum KernelId : int {
@@ -37,6 +39,7 @@ enum KernelId : int {
   kKernelDecode = 2,
   kKernelPrefill = 3,
   kKernelCopyBlocks = 4,
+  kKernelCross = 5,
 };
 
 struct DeviceError {

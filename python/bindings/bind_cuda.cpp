@@ -143,6 +143,27 @@ void prefill_sparse(py::handle out, py::handle query, py::handle key_cache,
   cu::paged_attention_prefill_sparse(p, sp, s);
 }
 
+void cross_attention(py::handle out, py::handle query, py::handle key_cache,
+                     py::handle value_cache, py::handle block_tables, py::handle cu_seqlens_q,
+                     py::handle context_lens, py::handle kv_ranges, double scale,
+                     const std::string& kv_cache_dtype, double k_scale, double v_scale,
+                     std::optional<uintptr_t> stream) {
+  CudaCall call;
+  k::AttentionParams p =
+      cuda_binding::attention_params(call, out, query, key_cache, value_cache, block_tables,
+                                     context_lens, scale, kv_cache_dtype, k_scale, v_scale);
+  const Tensor& cuq = cuda_binding::index_1d(call, cu_seqlens_q, "cu_seqlens_q",
+                                             static_cast<int64_t>(p.num_seqs) + 1);
+  p.cu_seqlens_q = static_cast<const int32_t*>(cuq.data());
+  const Tensor& kr = call.gpu(kv_ranges, "kv_ranges");
+  check_kv_ranges(kr, p.num_tokens, /*on_cpu=*/false);
+  const auto* ranges = static_cast<const int32_t*>(kr.data());
+  const cu::Stream s = to_stream(stream);
+  py::gil_scoped_release release;
+  cu::DeviceScope scope(call.device());
+  cu::paged_cross_attention(p, ranges, s);
+}
+
 void copy_blocks(py::sequence caches, py::handle block_mapping, std::optional<uintptr_t> stream) {
   CudaCall call;
   std::vector<k::BlockPoolParams> pools;
@@ -306,6 +327,13 @@ void bind_cuda(py::module_& parent) {
         py::arg("sparse_indices"), py::arg("scale"), py::arg("kv_cache_dtype") = "auto",
         py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, py::kw_only(), stream_arg,
         "Causal prefill over the CSR-listed logical blocks only (CUDA).");
+  m.def("paged_cross_attention", &cross_attention, py::arg("out"), py::arg("query"),
+        py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
+        py::arg("cu_seqlens_q"), py::arg("context_lens"), py::arg("kv_ranges"),
+        py::arg("scale"), py::arg("kv_cache_dtype") = "auto", py::arg("k_scale") = 1.0,
+        py::arg("v_scale") = 1.0, py::kw_only(), stream_arg,
+        "Non-causal cross-attention (Mllama) over each token's key range kv_ranges[i] = "
+        "(lo, hi) of its sequence's paged cross K/V (CUDA; empty range: zeros).");
   m.def("copy_blocks", &copy_blocks, py::arg("caches"), py::arg("block_mapping"), py::kw_only(),
         stream_arg,
         "Copies block src -> dst in every CUDA cache tensor; block_mapping is a CPU int [k, 2] "

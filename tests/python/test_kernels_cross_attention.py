@@ -167,6 +167,23 @@ def test_cross_matches_prefill_over_whole_context(kernel):
     torch.testing.assert_close(out_cross, out_prefill, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("threads", [1, 8])
+def test_cross_split_k_over_long_contexts(kernel, threads):
+    """Few (tile, KV head) pairs over long cross contexts: with 8 threads the key ranges are
+    split into partitions whose partials are merged (with 1, one partition); rows whose range
+    misses some partitions, or all of them, still match."""
+    before = _core.get_num_threads()
+    _core.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(16 + threads)
+        n = 4 * 1601
+        run_cross(gen, [n, 900], [[(0, n), (0, 0), (3000, 3001), (100, 5000)], [(0, 900)]],
+                  8, 2, 128, 16, "bf16", torch.bfloat16)
+        run_cross(gen, [n], [[(0, n)]], 32, 8, 64, 32, "fp8", torch.float32, k_scale=0.5)
+    finally:
+        _core.set_num_threads(before)
+
+
 def test_cross_no_tokens_is_a_no_op():
     gen = torch.Generator().manual_seed(15)
     kv = make_paged_kv(gen, [20], 2, 64, 16, "auto", torch.float32)

@@ -63,11 +63,12 @@ __global__ void prefill_plan_kernel(const PrefillArgs a, int2* tiles, int* num_t
   const int tid = threadIdx.x;
   const int* cu = a.cu_seqlens_q;
   const int capacity = a.max_blocks * a.block_size;
+  const int kernel = a.kv_ranges != nullptr ? kKernelCross : kKernelPrefill;
   if (tid == 0) {
     carry = 0;
-    if (cu[0] != 0) report_error(a.err, kErrCuFirst, kKernelPrefill, 0, cu[0], 0);
+    if (cu[0] != 0) report_error(a.err, kErrCuFirst, kernel, 0, cu[0], 0);
     if (cu[a.num_seqs] != a.num_tokens)
-      report_error(a.err, kErrCuLast, kKernelPrefill, a.num_seqs, cu[a.num_seqs], a.num_tokens);
+      report_error(a.err, kErrCuLast, kernel, a.num_seqs, cu[a.num_seqs], a.num_tokens);
   }
   __syncthreads();
   for (int base = 0; base < a.num_seqs; base += kPlanThreads) {
@@ -77,15 +78,15 @@ __global__ void prefill_plan_kernel(const PrefillArgs a, int2* tiles, int* num_t
       const int q0 = cu[s], q1 = cu[s + 1];
       const int len = a.context_lens[s];
       if (q0 < 0 || q0 > a.num_tokens) {
-        report_error(a.err, kErrCuRange, kKernelPrefill, s, q0, a.num_tokens);
+        report_error(a.err, kErrCuRange, kernel, s, q0, a.num_tokens);
       } else if (q1 < 0 || q1 > a.num_tokens) {
-        report_error(a.err, kErrCuRange, kKernelPrefill, s + 1, q1, a.num_tokens);
+        report_error(a.err, kErrCuRange, kernel, s + 1, q1, a.num_tokens);
       } else if (q1 < q0) {
-        report_error(a.err, kErrCuOrder, kKernelPrefill, s, q0, q1);
+        report_error(a.err, kErrCuOrder, kernel, s, q0, q1);
       } else if (len < 0 || len > capacity) {
-        report_error(a.err, kErrContextLen, kKernelPrefill, s, len, capacity);
-      } else if (q1 - q0 > len) {
-        report_error(a.err, kErrQLen, kKernelPrefill, s, q1 - q0, len);
+        report_error(a.err, kErrContextLen, kernel, s, len, capacity);
+      } else if (a.kv_ranges == nullptr && q1 - q0 > len) {  // cross: q_len is unbounded
+        report_error(a.err, kErrQLen, kernel, s, q1 - q0, len);
       } else {
         n = (q1 - q0 + a.tokens_per_tile - 1) / a.tokens_per_tile;
       }
@@ -178,14 +179,16 @@ void fill_common(const kernels::AttentionParams& p, Args* a) {
   a->err = error_record();
 }
 
-// Runs the split-K kernel (decode, or SIMT prefill when p.cu_seqlens_q is set) and the merge;
-// over the blocks of `sparse` only when it is set (its compacted tables built first, in the
-// front of the workspace).
+// Runs the split-K kernel (decode, or SIMT prefill when p.cu_seqlens_q is set, cross-attention
+// when kv_ranges is also set) and the merge; over the blocks of `sparse` only when it is set
+// (its compacted tables built first, in the front of the workspace).
 void run_split_k(const kernels::AttentionParams& p, cudaStream_t stream, int kernel_id,
-                 const kernels::BlockSparseParams* sparse = nullptr) {
+                 const kernels::BlockSparseParams* sparse = nullptr,
+                 const int32_t* kv_ranges = nullptr) {
   DecodeArgs a{};
   fill_common(p, &a);
   a.kernel_id = kernel_id;
+  a.kv_ranges = kv_ranges;
   const size_t sparse_bytes =
       sparse ? align256(static_cast<size_t>(sparse->num_indices) * sizeof(int32_t)) +
                    align256(static_cast<size_t>(sparse->num_lists) * sizeof(int32_t))
@@ -226,6 +229,43 @@ void run_split_k(const kernels::AttentionParams& p, cudaStream_t stream, int ker
   if (a.num_parts > 1) {
     merge_kernel<<<dim3(p.num_tokens, p.num_heads), 128, 0, stream>>>(a, hd);
     PAGEDLLM_CUDA_CHECK_LAUNCH("split-K merge kernel");
+  }
+}
+
+// Prefill (causal, kv_ranges null) or cross-attention (kv_ranges set) on validated host params:
+// the tensor-core kernel over planned tiles, or the split-K SIMT rows for float32 caches, GQA
+// groups wider than a tile, and cross-attention calls of one query token per sequence (decode
+// steps: split-K spreads their long cross contexts over the GPU).
+void run_prefill(const kernels::AttentionParams& p, const int32_t* kv_ranges,
+                 cudaStream_t stream) {
+  if (p.num_seqs == 0) return;
+  const int kernel_id = kv_ranges != nullptr ? kKernelCross : kKernelPrefill;
+  const int group = p.num_heads / p.cache.num_kv_heads;
+  if (p.cache.dtype == CacheType::kFloat32 || group > kPrefillRows ||
+      (kv_ranges != nullptr && p.num_tokens <= p.num_seqs)) {
+    if (p.num_tokens > 0) run_split_k(p, stream, kernel_id, nullptr, kv_ranges);
+    return;
+  }
+  PrefillArgs a{};
+  fill_common(p, &a);
+  a.kv_ranges = kv_ranges;
+  a.tokens_per_tile = kPrefillRows / group;
+  const int64_t max_tiles64 =
+      (static_cast<int64_t>(p.num_tokens) + a.tokens_per_tile - 1) / a.tokens_per_tile +
+      p.num_seqs;
+  PAGEDLLM_CHECK_ARG(max_tiles64 < (1LL << 31), "too many query tokens for one prefill call");
+  const int max_tiles = static_cast<int>(max_tiles64);
+  const size_t tile_bytes = align256(static_cast<size_t>(max_tiles) * sizeof(int2));
+  auto* ws = static_cast<uint8_t*>(workspace(stream, tile_bytes + sizeof(int)));
+  auto* tiles = reinterpret_cast<int2*>(ws);
+  auto* num_tiles = reinterpret_cast<int*>(ws + tile_bytes);
+  a.tiles = tiles;
+  a.num_tiles = num_tiles;
+  prefill_plan_kernel<<<1, kPlanThreads, 0, stream>>>(a, tiles, num_tiles, max_tiles);
+  PAGEDLLM_CUDA_CHECK_LAUNCH("prefill tile planner");
+  if (p.num_tokens > 0) {
+    PAGEDLLM_DISPATCH_HEAD_DIM(p.cache.head_dim, HD,
+                               dispatch_prefill<HD>(p.cache.dtype, a, max_tiles, stream));
   }
 }
 
@@ -272,37 +312,17 @@ void paged_attention_prefill_sparse(const kernels::AttentionParams& p,
 }
 
 void paged_attention_prefill(const kernels::AttentionParams& p, Stream stream) {
-  using namespace detail;
-  check_attention(p, /*prefill=*/true);
-  if (p.num_seqs == 0) return;
-  const int group = p.num_heads / p.cache.num_kv_heads;
-  if (p.cache.dtype == CacheType::kFloat32 || group > kPrefillRows) {
-    // No tensor-core path: each query token runs the split-K kernel with its causal limit.
-    if (p.num_tokens > 0) run_split_k(p, stream, kKernelPrefill);
-    finish_call(stream);
-    return;
-  }
-  PrefillArgs a{};
-  fill_common(p, &a);
-  a.tokens_per_tile = kPrefillRows / group;
-  const int64_t max_tiles64 =
-      (static_cast<int64_t>(p.num_tokens) + a.tokens_per_tile - 1) / a.tokens_per_tile +
-      p.num_seqs;
-  PAGEDLLM_CHECK_ARG(max_tiles64 < (1LL << 31), "too many query tokens for one prefill call");
-  const int max_tiles = static_cast<int>(max_tiles64);
-  const size_t tile_bytes = align256(static_cast<size_t>(max_tiles) * sizeof(int2));
-  auto* ws = static_cast<uint8_t*>(workspace(stream, tile_bytes + sizeof(int)));
-  auto* tiles = reinterpret_cast<int2*>(ws);
-  auto* num_tiles = reinterpret_cast<int*>(ws + tile_bytes);
-  a.tiles = tiles;
-  a.num_tiles = num_tiles;
-  prefill_plan_kernel<<<1, kPlanThreads, 0, stream>>>(a, tiles, num_tiles, max_tiles);
-  PAGEDLLM_CUDA_CHECK_LAUNCH("prefill tile planner");
-  if (p.num_tokens > 0) {
-    PAGEDLLM_DISPATCH_HEAD_DIM(p.cache.head_dim, HD,
-                               dispatch_prefill<HD>(p.cache.dtype, a, max_tiles, stream));
-  }
-  finish_call(stream);
+  detail::check_attention(p, /*prefill=*/true);
+  detail::run_prefill(p, nullptr, stream);
+  detail::finish_call(stream);
+}
+
+void paged_cross_attention(const kernels::AttentionParams& p, const int32_t* kv_ranges,
+                           Stream stream) {
+  detail::check_attention(p, /*prefill=*/true);
+  PAGEDLLM_CHECK_ARG(p.num_tokens == 0 || kv_ranges != nullptr, "kv_ranges is null");
+  detail::run_prefill(p, kv_ranges, stream);
+  detail::finish_call(stream);
 }
 
 }  // namespace pagedllm::cuda

@@ -49,6 +49,9 @@ struct DecodeArgs {
   const int32_t* sparse_tables;  // [num_indices]
   const int32_t* sparse_lens;    // [num_lists]
   int sparse_per_head;
+  // Cross-attention (null otherwise; needs cu_seqlens_q): [num_tokens, 2] key range [lo, hi)
+  // of each query token, non-causal; q_len is then not bounded by the context length.
+  const int32_t* kv_ranges;
 };
 
 // Arguments of the tensor-core prefill kernel.
@@ -74,6 +77,7 @@ struct PrefillArgs {
   const int2* tiles;             // [*num_tiles]: (sequence, first query token of the tile)
   const int* num_tiles;
   DeviceError* err;
+  const int32_t* kv_ranges;      // cross-attention ranges (as in DecodeArgs), or null: causal
 };
 
 // Constants shared by the launchers and the host planner.

@@ -50,6 +50,27 @@ struct PagedHead {
   int seq;                  // for error messages
 };
 
+// Cross-attention: the key range [*lo, *hi) of query token `token` from kv_ranges
+// [num_tokens, 2], for a sequence with `len` cross tokens. A bad range (lo > hi, or outside
+// [0, len]) is reported when `report` is set and comes back empty with false.
+__device__ __forceinline__ bool read_kv_range(const int32_t* ranges, int token, int len, int* lo,
+                                              int* hi, DeviceError* err, bool report) {
+  const int l = ranges[2 * static_cast<int64_t>(token)];
+  const int h = ranges[2 * static_cast<int64_t>(token) + 1];
+  *lo = *hi = 0;
+  if (l > h) {
+    if (report) report_error(err, kErrKvRangeOrder, kKernelCross, token, l, h);
+    return false;
+  }
+  if (l < 0 || h > len) {
+    if (report) report_error(err, kErrKvRange, kKernelCross, token, l, h, len);
+    return false;
+  }
+  *lo = l;
+  *hi = h;
+  return true;
+}
+
 // Queues cp.async copies of the K and V rows of token positions [pos0, pos0 + rows) into shared
 // memory (row r at k_dst / v_dst + r * pitch bytes). Positions >= end, and rows whose block id
 // is outside the pool (reported, and *bad set), are zero-filled. kRowBytes = head_dim * element

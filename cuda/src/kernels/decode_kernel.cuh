@@ -83,6 +83,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   // --- which sequence, and how many of its keys this query sees --------------------------
   int seq = token;
+  int first = 0;  // keys [first, limit) of the sequence are visible
   int limit = 0;
   bool ok = true;
   const int capacity = a.max_blocks * a.block_size;
@@ -113,13 +114,17 @@ __global__ void __launch_bounds__(kDecodeThreads)
     } else if (len < 0 || len > capacity) {
       if (tid == 0) report_error(a.err, kErrContextLen, a.kernel_id, seq, len, capacity);
       ok = false;
-    } else if (q1 - q0 > len) {
+    } else if (a.kv_ranges == nullptr && q1 - q0 > len) {
       if (tid == 0) report_error(a.err, kErrQLen, a.kernel_id, seq, q1 - q0, len);
       ok = false;
     }
-    limit = ok ? len - (q1 - q0) + (token - q0) + 1 : 0;
+    if (a.kv_ranges != nullptr) {  // cross-attention: keys [first, limit), non-causal
+      if (ok) ok = read_kv_range(a.kv_ranges, token, len, &first, &limit, a.err, tid == 0);
+    } else {
+      limit = ok ? len - (q1 - q0) + (token - q0) + 1 : 0;
+    }
   }
-  if (!ok) limit = 0;
+  if (!ok) first = limit = 0;
   // Block-sparse: the list's compacted table, and the limit counted in selected tokens.
   const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.block_table_stride;
   if (a.sparse_tables != nullptr) {
@@ -137,8 +142,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
                                    limit, n_sel);
     }
   }
-  const int begin = part * a.part_len;
-  const int end = min(limit, begin + a.part_len);
+  const int begin = max(first, part * a.part_len);
+  const int end = min(limit, part * a.part_len + a.part_len);
   const int num_tiles = end > begin ? (end - begin + S::kTile - 1) / S::kTile : 0;
 
   if (tid < S::kHeads) {

@@ -87,10 +87,30 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const int tokens = min(a.tokens_per_tile, q_len - first);
   const int rows = tokens * a.group;
   const int ctx0 = len - q_len;              // position of the sequence's first new token
-  const int kv_end = ctx0 + first + tokens;  // keys any row of the tile sees
-  const int num_kv_tiles = (kv_end + S::kBN - 1) / S::kBN;
   const int tid = threadIdx.x;
+  const int kernel_id = a.kv_ranges != nullptr ? kKernelCross : kKernelPrefill;
   if (tid == 0) bad = 0;
+  // Keys [kv_begin, kv_end) are what any row of the tile sees: causal, 0 .. its last token;
+  // cross-attention, the union of its tokens' valid ranges.
+  int kv_begin = 0, kv_end = ctx0 + first + tokens;
+  bool bad_range = false;  // a token of the tile has a bad range: the tile's rows become NaN
+  if (a.kv_ranges != nullptr) {
+    kv_begin = len;
+    kv_end = 0;
+    for (int k = 0; k < tokens; ++k) {
+      int lo, hi;
+      // bad ranges are reported once (KV head 0's block, thread 0) and left out of the union
+      if (!read_kv_range(a.kv_ranges, q0 + first + k, len, &lo, &hi, a.err,
+                         blockIdx.y == 0 && tid == 0)) {
+        bad_range = true;
+      } else if (lo < hi) {
+        kv_begin = min(kv_begin, lo);
+        kv_end = max(kv_end, hi);
+      }
+    }
+  }
+  const int tile0 = kv_begin < kv_end ? kv_begin / S::kBN : 0;  // first key tile
+  const int num_kv_tiles = kv_begin < kv_end ? (kv_end + S::kBN - 1) / S::kBN - tile0 : 0;
 
   uint8_t* q_smem = smem;
   uint8_t* operands = smem + S::kQBytes;
@@ -133,11 +153,11 @@ __global__ void __launch_bounds__(kPrefillThreads)
     if constexpr (S::kFp8) {
       gather_kv_rows<S::kRawRowBytes, kPrefillThreads>(
           ph, j * S::kBN, S::kBN, kv_end, raw + (2 * stage) * S::kRawBytes,
-          raw + (2 * stage + 1) * S::kRawBytes, S::kRawRowBytes, a.err, kKernelPrefill, &bad);
+          raw + (2 * stage + 1) * S::kRawBytes, S::kRawRowBytes, a.err, kernel_id, &bad);
     } else {
       gather_kv_rows<S::kRawRowBytes, kPrefillThreads>(ph, j * S::kBN, S::kBN, kv_end,
                                                        k_tile(stage), v_tile(stage),
-                                                       S::kPitchBytes, a.err, kKernelPrefill,
+                                                       S::kPitchBytes, a.err, kernel_id,
                                                        &bad);
     }
   };
@@ -145,29 +165,36 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
   const int row_a = warp * 16 + g, row_b = row_a + 8;
-  // Causal limit (last visible key position) of each of this thread's two rows; padding rows
-  // take the last real row's, so every row sees key 0 and nothing divides by zero.
+  // Visible keys [lo, end) of each of this thread's two rows; padding rows take the last real
+  // row's. Causal: lo = 0 and end = the row's position + 1, so every row sees key 0 and nothing
+  // divides by zero; cross-attention: the token's range (a bad or empty one: nothing, l = 0).
   const int last_row = max(rows - 1, 0);
-  const int lim_a = ctx0 + first + min(row_a, last_row) / a.group;
-  const int lim_b = ctx0 + first + min(row_b, last_row) / a.group;
+  const int tok_a = first + min(row_a, last_row) / a.group;
+  const int tok_b = first + min(row_b, last_row) / a.group;
+  int lo_a = 0, lo_b = 0, end_a = ctx0 + tok_a + 1, end_b = ctx0 + tok_b + 1;
+  if (a.kv_ranges != nullptr) {
+    read_kv_range(a.kv_ranges, q0 + tok_a, len, &lo_a, &end_a, a.err, false);
+    read_kv_range(a.kv_ranges, q0 + tok_b, len, &lo_b, &end_b, a.err, false);
+  }
 
   float o[HD / 8][4];
 #pragma unroll
   for (int dt = 0; dt < HD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
 
-  load_tile(0, 0);
+  if (num_kv_tiles > 0) load_tile(tile0, 0);
   cp_async_commit();
-  for (int j = 0; j < num_kv_tiles; ++j) {
-    if (j + 1 < num_kv_tiles) {
-      load_tile(j + 1, (j + 1) & 1);
+  for (int jj = 0; jj < num_kv_tiles; ++jj) {
+    const int j = tile0 + jj;  // the key tile
+    if (jj + 1 < num_kv_tiles) {
+      load_tile(j + 1, (jj + 1) & 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();  // tile j (and, the first time, Q) visible to every thread
-    int stage = j & 1;
+    int stage = jj & 1;
     if constexpr (S::kFp8) {
       convert_fp8_tile<CT, HD>(raw + (2 * stage) * S::kRawBytes,
                                reinterpret_cast<__half*>(k_tile(0)));
@@ -198,8 +225,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
       }
     }
 
-    // Causal mask, then the online softmax of rows a (s[.][0..1]) and b (s[.][2..3]); the four
-    // lanes of a quad share a row.
+    // Mask (keys outside a row's [lo, end)), then the online softmax of rows a (s[.][0..1])
+    // and b (s[.][2..3]); the four lanes of a quad share a row.
     const int key0 = j * S::kBN + 2 * t;
     float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
@@ -207,7 +234,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int key = key0 + nt * 8 + (c & 1);
-        if (key > (c < 2 ? lim_a : lim_b)) s[nt][c] = -INFINITY;
+        if (key < (c < 2 ? lo_a : lo_b) || key >= (c < 2 ? end_a : end_b)) s[nt][c] = -INFINITY;
       }
       mx_a = fmaxf(mx_a, fmaxf(s[nt][0], s[nt][1]));
       mx_b = fmaxf(mx_b, fmaxf(s[nt][2], s[nt][3]));
@@ -270,7 +297,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
   }
 
   // Normalise and write the real rows.
-  const bool failed = bad != 0;
+  const bool failed = bad != 0 || bad_range;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = half ? row_b : row_a;

@@ -51,6 +51,15 @@ void paged_attention_decode(const kernels::AttentionParams& p, Stream stream);
 // block_tables / context_lens / cu_seqlens_q are device memory.
 void paged_attention_prefill(const kernels::AttentionParams& p, Stream stream);
 
+// Cross-attention (Mllama) with the CPU kernel's contract (kernels.h): the packed query tokens
+// of each sequence attend, non-causally, the keys kv_ranges[2i] <= j < kv_ranges[2i + 1] of
+// its cross block table (an empty range gives zeros). block_tables / context_lens /
+// cu_seqlens_q / kv_ranges ([num_tokens, 2] int32) are device memory; a bad range is recorded
+// (that token's tile of rows is NaN; kSync throws naming kv_ranges[i]). Tensor cores as in
+// prefill; float32 caches, and one token per sequence (decode), run the split-K kernel.
+void paged_cross_attention(const kernels::AttentionParams& p, const int32_t* kv_ranges,
+                           Stream stream);
+
 // Decode attention over only the logical blocks listed per sequence (or per (sequence, KV
 // head)) in `sparse` (CSR, device memory; the CPU kernels' contract: on all blocks it equals
 // the dense call). Lists are checked on the device (ids inside the used blocks, strictly
