@@ -37,9 +37,10 @@ def kernel(request):
 
 
 def run_cross(gen, lens, ranges_per_seq, heads, kvh, head_dim, block_size, kv_dtype, act,
-              k_scale=1.0, v_scale=1.0, pool_layers=0):
+              k_scale=1.0, v_scale=1.0, pool_layers=0, strided=False):
     """One call over sequences with cross contexts `lens` and per-token ranges; checks every
-    output row against the reference (and that empty-range rows are exactly zero)."""
+    output row against the reference (and that empty-range rows are exactly zero). strided:
+    the query is a slice of a wider projection and out a slice of a wider buffer."""
     kv = make_paged_kv(gen, lens, kvh, head_dim, block_size, kv_dtype, act, k_scale, v_scale,
                        pool_layers=pool_layers)
     q_lens = [len(r) for r in ranges_per_seq]
@@ -48,8 +49,12 @@ def run_cross(gen, lens, ranges_per_seq, heads, kvh, head_dim, block_size, kv_dt
     total = int(cu[-1])
     flat = [r for rs in ranges_per_seq for r in rs]
     kv_ranges = torch.tensor(flat, dtype=torch.int32).reshape(total, 2)
-    q = torch.randn((total, heads, head_dim), generator=gen).to(act)
-    out = torch.full((total, heads, head_dim), float("nan"), dtype=act)
+    if strided:
+        q = torch.randn((total, heads + 2 * kvh, head_dim), generator=gen).to(act)[:, :heads]
+        out = torch.full((total, heads + 3, head_dim), float("nan"), dtype=act)[:, 1:heads + 1]
+    else:
+        q = torch.randn((total, heads, head_dim), generator=gen).to(act)
+        out = torch.full((total, heads, head_dim), float("nan"), dtype=act)
     scale = 1.0 / math.sqrt(head_dim)
     ops.paged_cross_attention(out, q, kv.key_cache, kv.value_cache, kv.block_tables, cu,
                               kv.context_lens, kv_ranges, scale, kv_dtype, k_scale, v_scale)
@@ -92,7 +97,8 @@ def test_cross_random_matrix(matrix_kernel, seed):
         ranges = [random_ranges(rng, ql, n) for ql, n in zip(q_lens, lens)]
         run_cross(gen, lens, ranges, heads, kvh, rng.choice(HEAD_DIMS), block_size, kv_dtype,
                   rng.choice(ACT_DTYPES), k_scale=0.5 if fp8 else 1.0,
-                  v_scale=2.0 if fp8 else 1.0, pool_layers=rng.choice([0, 2]))
+                  v_scale=2.0 if fp8 else 1.0, pool_layers=rng.choice([0, 2]),
+                  strided=rng.random() < 0.3)
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"])
