@@ -5,7 +5,7 @@
 #   env.txt        nvidia-smi, nvcc, python / torch versions
 #   build.log      cmake configure + build (with ptxas resource usage of every kernel)
 #   tests.log      pytest output; junit.xml its machine-readable result
-#   bench.log      the benchmark table; bench.json its figures
+#   bench.log      the benchmark tables; bench.json, cross_bench.json (cross-attention) their figures
 #   sanitizer.log  compute-sanitizer memcheck / racecheck of a few cases (when available)
 #   nsys.log       nsys capture of an engine step window and its NVTX summary (when available)
 #   summary.txt    one line per step with its exit status
@@ -76,6 +76,8 @@ if [ "$build_ok" = 1 ]; then
     step nsys_stats 120 nsys.log nsys stats --report nvtx_sum "$OUT/pagedllm-steps.nsys-rep"
   fi
   step bench 240 bench.log "$PY" benchmarks/gpu/bench_cuda_attention.py --out "$OUT/bench.json"
+  step cross_bench 120 bench.log "$PY" benchmarks/gpu/bench_cuda_cross_attention.py \
+    --out "$OUT/cross_bench.json"
   step engine_bench 240 bench.log "$PY" benchmarks/gpu/bench_gpu_engine.py --quick \
     --out "$OUT/engine_bench.json"
   # Memory and shared-memory race checks of one case per kernel (Firecracker machines only).
