@@ -1,6 +1,7 @@
 // paged_cross_attention through its C++ params API (no Python): every engine against a
 // double-precision reference over scattered fp32 blocks, with per-token key ranges (empty,
-// partial, full) in one tile, and its validation (bad ranges throw before anything is written).
+// partial, full) in one tile and split-K over long ranges, and its validation (bad ranges
+// throw before anything is written).
 // The exhaustive sweeps (dtypes, GQA, block sizes) live in
 // tests/python/test_kernels_cross_attention.py.
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 
 #include "pagedllm/error.h"
 #include "pagedllm/kernels/kernels.h"
+#include "pagedllm/kernels/thread_pool.h"
 
 namespace pk = pagedllm::kernels;
 
@@ -83,6 +85,27 @@ struct CrossFixture {
     return p;
   }
 
+  // Runs the kernel and checks every output row against reference() (empty ranges: exact 0).
+  void run_and_check() {
+    pk::paged_cross_attention(params(), ranges.data());
+    for (int s = 0; s + 1 < static_cast<int>(cu.size()); ++s) {
+      for (int i = cu[s]; i < cu[s + 1]; ++i) {
+        for (int h = 0; h < heads; ++h) {
+          const auto ref = reference(s, i, h);
+          const float* row = out.data() + (static_cast<size_t>(i) * heads + h) * hd;
+          const bool empty = ranges[2 * i] == ranges[2 * i + 1];
+          for (int d = 0; d < hd; ++d) {
+            if (empty) {
+              ASSERT_EQ(row[d], 0.0f) << "token " << i << " head " << h;
+            } else {
+              ASSERT_NEAR(row[d], ref[d], 1e-5) << "token " << i << " head " << h;
+            }
+          }
+        }
+      }
+    }
+  }
+
   // Double-precision attention of query token i, head h, of sequence s over keys [lo, hi).
   std::vector<double> reference(int s, int i, int h) const {
     const int lo = ranges[2 * i], hi = ranges[2 * i + 1];
@@ -136,23 +159,19 @@ TEST_P(CrossEngines, RangesMatchReferenceAndEmptyRowsAreZero) {
                   {{0, 300}, {0, 0}, {3, 4}, {5, 290}, {128, 256}, {299, 300}, {300, 300},
                    {0, 300}, {0, 1}},
                   {{0, 0}, {0, 0}}});
-  pk::paged_cross_attention(f.params(), f.ranges.data());
-  for (int s = 0; s + 1 < static_cast<int>(f.cu.size()); ++s) {
-    for (int i = f.cu[s]; i < f.cu[s + 1]; ++i) {
-      for (int h = 0; h < f.heads; ++h) {
-        const auto ref = f.reference(s, i, h);
-        const float* row = f.out.data() + (static_cast<size_t>(i) * f.heads + h) * f.hd;
-        const bool empty = f.ranges[2 * i] == f.ranges[2 * i + 1];
-        for (int d = 0; d < f.hd; ++d) {
-          if (empty) {
-            ASSERT_EQ(row[d], 0.0f) << "token " << i << " head " << h;
-          } else {
-            ASSERT_NEAR(row[d], ref[d], 1e-5) << "token " << i << " head " << h;
-          }
-        }
-      }
-    }
-  }
+  f.run_and_check();
+}
+
+TEST_P(CrossEngines, SplitKOverLongRangesMatchesReference) {
+  // One sequence, two KV heads, 8 pool threads: the key ranges are cut into partitions whose
+  // partials are merged; rows whose range misses partitions (or all of them) included.
+  struct PoolThreads {  // restored even when a check fails
+    int before = pk::get_num_threads();
+    ~PoolThreads() { pk::set_num_threads(before); }
+  } restore;
+  pk::set_num_threads(8);
+  CrossFixture f({2000}, {{{0, 2000}, {0, 0}, {700, 701}, {1, 1999}, {1500, 2000}}});
+  f.run_and_check();
 }
 
 INSTANTIATE_TEST_SUITE_P(AllEngines, CrossEngines, ::testing::Values("generic", "avx2", "avx512"));
