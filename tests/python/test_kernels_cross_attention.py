@@ -198,3 +198,17 @@ def test_cross_no_tokens_is_a_no_op():
     _core.paged_cross_attention(out, q, kv.key_cache, kv.value_cache, kv.block_tables,
                                 torch.tensor([0, 0], dtype=torch.int32), kv.context_lens,
                                 torch.empty((0, 2), dtype=torch.int32), 0.1)
+
+
+def test_cross_text_only_batch_with_an_empty_pool():
+    """A batch where no request has an image: no cross blocks at all (an empty pool, a table
+    with no columns), every range empty; the output is exactly zero."""
+    q = torch.randn((3, 8, 64))
+    out = torch.full_like(q, float("nan"))
+    empty_pool = torch.zeros((0, 2, 16, 64))
+    ops.paged_cross_attention(out, q, empty_pool, empty_pool.clone(),
+                              torch.zeros((2, 0), dtype=torch.int32),
+                              torch.tensor([0, 2, 3], dtype=torch.int32),
+                              torch.zeros(2, dtype=torch.int32),
+                              torch.zeros((3, 2), dtype=torch.int32), 0.125)
+    assert bool((out == 0).all())
