@@ -35,12 +35,14 @@ extend::
       tensor_parallel_size: 1     # ranks the model is split over (Megatron-style)
       distributed_executor_backend: null  # mp (spawned local ranks; default when > 1) | ray
       timeout_s: 300              # a rank that dies or stops answering for this long: the engine stops
-    multimodal:                   # LLaVA checkpoints only
+    multimodal:                   # LLaVA and Mllama checkpoints only
       max_images_per_prompt: 4
       max_image_bytes: 20971520   # encoded
       max_image_pixels: 16777216  # decoded width x height
       max_num_encoder_tokens: null  # image embeddings per step; null: max(batched tokens, 1 image)
       encoder_cache_images: 8     # unused encoder outputs kept for repeated images
+      cross_kv_fraction: 0.25     # Mllama: share of the KV memory for the cross-attention pool
+      num_cross_kv_blocks: null   # Mllama: exact cross pool blocks (null: from the fraction)
     sparse_attention:             # block-sparse decode attention (see pagedllm/sparse/config.py)
       strategy: dense             # dense | fixed_pattern | dilated | random | quest | streaming
       sink_blocks: 1
@@ -96,7 +98,9 @@ _YAML_SECTIONS: Dict[str, Dict[str, str]] = {
     "multimodal": {"max_images_per_prompt": "max_images_per_prompt",
                    "max_image_bytes": "max_image_bytes", "max_image_pixels": "max_image_pixels",
                    "max_num_encoder_tokens": "max_num_encoder_tokens",
-                   "encoder_cache_images": "encoder_cache_images"},
+                   "encoder_cache_images": "encoder_cache_images",
+                   "cross_kv_fraction": "cross_kv_fraction",
+                   "num_cross_kv_blocks": "num_cross_kv_blocks"},
 }
 
 
@@ -160,6 +164,11 @@ class EngineConfig:
             budget); None = max(max_num_batched_tokens, one image's embeddings).
         encoder_cache_images: encoder outputs no running request needs that are kept (least
             recently used first out) so a repeated image is not encoded again.
+        cross_kv_fraction: Mllama models: the share of the KV memory (the byte budget, or the
+            self pool's size when num_kv_blocks is given) that the cross-attention layers'
+            pool gets, in (0, 1).
+        num_cross_kv_blocks: Mllama models: exact blocks of the cross-attention pool (then
+            the KV budget sizes the self-attention pool alone); None: from cross_kv_fraction.
         sparse_attention: the default block-sparse decode attention (a SparseAttentionConfig
             or a mapping of its keys; None: dense); requests may override it.
     """
@@ -195,6 +204,8 @@ class EngineConfig:
     max_image_pixels: int = 4096 * 4096
     max_num_encoder_tokens: Optional[int] = None
     encoder_cache_images: int = 8
+    cross_kv_fraction: float = 0.25
+    num_cross_kv_blocks: Optional[int] = None
     sparse_attention: Optional[SparseAttentionConfig] = None
 
     def __post_init__(self) -> None:
@@ -271,10 +282,15 @@ class EngineConfig:
         if (isinstance(self.encoder_cache_images, bool)
                 or not isinstance(self.encoder_cache_images, int) or self.encoder_cache_images < 0):
             raise bad("encoder_cache_images", "an integer >= 0")
+        if (isinstance(self.cross_kv_fraction, bool)
+                or not isinstance(self.cross_kv_fraction, (int, float))
+                or not 0.0 < self.cross_kv_fraction < 1.0):
+            raise bad("cross_kv_fraction", "a number in (0, 1)")
         for name in ("max_images_per_prompt", "max_image_bytes", "max_image_pixels",
-                     "max_num_encoder_tokens"):
+                     "max_num_encoder_tokens", "num_cross_kv_blocks"):
             value = getattr(self, name)
-            if not (name == "max_num_encoder_tokens" and value is None) and (
+            if not (name in ("max_num_encoder_tokens", "num_cross_kv_blocks")
+                    and value is None) and (
                     isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise bad(name, "a positive integer")
 

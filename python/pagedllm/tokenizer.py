@@ -72,6 +72,9 @@ class Tokenizer:
         if isinstance(model_cfg.get("text_config"), dict):  # LLaVA: the decoder's vocabulary
             model_cfg = {**model_cfg["text_config"],
                          **{k: v for k, v in model_cfg.items() if k != "text_config"}}
+            vocab = model_cfg.get("vocab_size")
+            if model_cfg.get("model_type") == "mllama" and isinstance(vocab, int):
+                model_cfg["vocab_size"] = vocab + 8  # its embedding's rows: <|image|> is past
 
         eos: list[int] = []
         eos_tok = _token_id(tk, tok_cfg.get("eos_token"))

@@ -9,9 +9,10 @@ whole branches from a parity test; `randomize_gates_` opens them all.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
+import pytest
 import torch
 
 VOCAB = 256
@@ -143,3 +144,168 @@ def random_image(seed: int, size=(40, 33), mode: str = "RGB"):
     channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
     data = rng.integers(0, 256, (size[1], size[0], channels), dtype=np.uint8)
     return Image.fromarray(data[..., 0] if channels == 1 else data)
+
+
+# --- the decoder, the engine and the API against transformers (test_mllama_*.py) ---------------
+NUM_PATCHES = (TILE // PATCH) ** 2 + 1  # vision tokens per tile
+CROSS_LAYERS = (1, 3)
+
+
+def engine_test_config() -> dict:
+    """The engine tests' config.json dict: 4 decoder layers, 2 of them cross-attention (so the
+    self and cross pools' layer numbering is exercised)."""
+    return tiny_mllama_config(text=tiny_text_config(4, CROSS_LAYERS))
+
+
+def tiny_hf_model(seed: int = 0):
+    """transformers' MllamaForConditionalGeneration of engine_test_config(), gates open."""
+    return hf_mllama_model(engine_test_config(), seed)
+
+
+def write_test_checkpoint(path: str, seed: int = 0) -> str:
+    """write_tiny_mllama of engine_test_config()."""
+    return write_tiny_mllama(path, engine_test_config(), seed)
+
+
+def load_text_weights(ours: torch.nn.Module, hf_model, cfg) -> None:
+    """Copies transformers' decoder and projector weights into pagedllm's model through the
+    loader's own name table."""
+    from pagedllm.model.mllama_loader import canonical_name, expected_text_tensors
+
+    slots = expected_text_tensors(cfg)
+    params = dict(ours.named_parameters())
+    for name, t in hf_model.state_dict().items():
+        canon = canonical_name(name)
+        if canon.startswith("vision_model.") or canon.endswith("rotary_emb.inv_freq"):
+            continue
+        slot = slots[canon]
+        assert tuple(t.shape) == slot.shape, (name, t.shape, slot.shape)
+        dst = params[slot.param]
+        dst.data[slot.row_offset:slot.row_offset + t.shape[0]].copy_(t)
+
+
+def hf_token_mask(ids: Sequence[int], num_tiles: Sequence[int], max_tiles: int = MAX_TILES
+                  ) -> torch.Tensor:
+    """transformers' cross_attention_mask [1, len(ids), num_images, max_tiles] of a prompt."""
+    from transformers.models.mllama.processing_mllama import (
+        convert_sparse_cross_attention_mask_to_dense, get_cross_attention_token_mask)
+
+    sparse = get_cross_attention_token_mask(list(ids), IMAGE_TOKEN)
+    dense = convert_sparse_cross_attention_mask_to_dense([sparse], [list(num_tiles)], max_tiles,
+                                                         len(ids))
+    return torch.from_numpy(dense)
+
+
+def token_ranges(ids: Sequence[int], tokens_per_image: Sequence[int]) -> List[List[int]]:
+    """The independent reference of the [lo, hi) cross-token range of every prompt token:
+    transformers' token mask, image by image, flattened to contiguous cross tokens."""
+    mask = hf_token_mask(ids, [1] * len(tokens_per_image))[0, :, :, 0].numpy()  # [len, imgs]
+    starts = np.concatenate([[0], np.cumsum(tokens_per_image)])
+    out = []
+    for row in mask:
+        seen = np.nonzero(row)[0]
+        out.append([0, 0] if not len(seen) else [int(starts[seen[0]]),
+                                                 int(starts[seen[-1] + 1])])
+    return out
+
+
+def paged_cross_attention_torch(out, query, key_cache, value_cache, block_tables, cu_seqlens_q,
+                                context_lens, kv_ranges, scale, kv_cache_dtype="auto",
+                                k_scale=1.0, v_scale=1.0) -> None:
+    """The paged cross-attention contract in float64 torch (the kernels' reference)."""
+    bs = key_cache.shape[2]
+    kvh = key_cache.shape[1]
+    heads = query.shape[1]
+    for s in range(block_tables.shape[0]):
+        n = int(context_lens[s])
+        blocks = block_tables[s, :-(-n // bs)].long() if n else block_tables[s, :0].long()
+        # k, v: [n, kv_heads, head_dim]
+        k = key_cache[blocks].permute(0, 2, 1, 3).reshape(-1, kvh, key_cache.shape[3])[:n]
+        v = value_cache[blocks].permute(0, 2, 1, 3).reshape(-1, kvh, key_cache.shape[3])[:n]
+        k = k.double().repeat_interleave(heads // kvh, dim=1)
+        v = v.double().repeat_interleave(heads // kvh, dim=1)
+        for t in range(int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1])):
+            lo, hi = int(kv_ranges[t, 0]), int(kv_ranges[t, 1])
+            if lo == hi:
+                out[t] = 0
+                continue
+            q = query[t].double()  # [heads, head_dim]
+            w = torch.softmax(torch.einsum("hd,jhd->hj", q, k[lo:hi]) * scale, dim=-1)
+            out[t] = torch.einsum("hj,jhd->hd", w, v[lo:hi]).to(out.dtype)
+
+
+@functools.lru_cache(maxsize=4)
+def _hf(path: str):
+    from transformers import MllamaForConditionalGeneration, MllamaImageProcessorPil
+
+    model = MllamaForConditionalGeneration.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager").eval()
+    return model, MllamaImageProcessorPil.from_pretrained(path)
+
+
+def _hf_inputs(path: str, prompt: Sequence[int], images: Sequence) -> tuple:
+    model, proc = _hf(path)
+    ids = torch.tensor([list(prompt)])
+    if not images:
+        return model, ids, {}
+    o = proc([list(images)], return_tensors="pt")
+    extra = {"pixel_values": o["pixel_values"], "aspect_ratio_ids": o["aspect_ratio_ids"],
+             "aspect_ratio_mask": o["aspect_ratio_mask"],
+             "cross_attention_mask": hf_token_mask(prompt, o["num_tiles"][0])}
+    return model, ids, extra
+
+
+def hf_greedy(path: str, prompt: Sequence[int], images: Sequence,
+              max_tokens: int) -> tuple:
+    """transformers' greedy continuation (EOS ignored) and its log-probabilities
+    [max_tokens, vocab] of a prompt with `<|image|>` tokens."""
+    model, ids, extra = _hf_inputs(path, prompt, images)
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), **extra,
+                             max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                             do_sample=False, pad_token_id=0, eos_token_id=None,
+                             output_logits=True, return_dict_in_generate=True)
+    logprobs = torch.log_softmax(torch.cat(out.logits).float(), dim=-1)
+    return out.sequences[0, ids.shape[1]:].tolist(), logprobs
+
+
+def hf_logprobs(path: str, prompt: Sequence[int], images: Sequence,
+                continuation: Sequence[int]) -> torch.Tensor:
+    """log_softmax of transformers' logits after the prompt and each continuation token but
+    the last: [len(continuation), vocab] (one forward; generated rows see what the last
+    prompt token sees, as in generate)."""
+    model, ids, extra = _hf_inputs(path, prompt, images)
+    full = torch.cat([ids, torch.tensor([list(continuation)])], dim=1)
+    if "cross_attention_mask" in extra:
+        m = extra["cross_attention_mask"]
+        tail = m[:, -1:].repeat(1, len(continuation), 1, 1)
+        extra = {**extra, "cross_attention_mask": torch.cat([m, tail], dim=1)}
+    with torch.inference_mode():
+        logits = model(input_ids=full, **extra).logits[0].float()
+    start = ids.shape[1] - 1
+    return torch.log_softmax(logits[start:start + len(continuation)], dim=-1)
+
+
+def text_prompt(n: int, seed: int) -> List[int]:
+    """n random text token ids (never the image token)."""
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(3, VOCAB, n)]
+
+
+def assert_pools_clean(llm) -> None:
+    """Both pools back to full: the self pool (free or cached) and the cross pool (free)."""
+    from engine_fixtures import assert_pool_clean
+
+    assert_pool_clean(llm)
+    cross = llm.engine.images.cross.kv
+    assert cross.num_free_blocks == cross.num_blocks, cross.stats()
+
+
+@pytest.fixture(autouse=True)
+def cross_kernel(monkeypatch):
+    """Until the kernels land: ops.paged_cross_attention is the float64 torch reference."""
+    from pagedllm import ops
+
+    if not hasattr(ops, "paged_cross_attention"):
+        monkeypatch.setattr(ops, "paged_cross_attention", paged_cross_attention_torch,
+                            raising=False)

@@ -110,12 +110,13 @@ class LLMEngine:
             self.model_path, MultiModalLimits(config.max_images_per_prompt,
                                               config.max_image_bytes, config.max_image_pixels),
             config.max_num_encoder_tokens, config.max_num_batched_tokens, self.block_size,
-            config.encoder_cache_images)
+            config.encoder_cache_images, getattr(layout, "num_cross_blocks", 0))
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, self.eos_token_ids,
                                    self.max_model_len, self.tokenizer, config.preemption_mode,
                                    layout.num_host_blocks, self.tier, self.images.encoder,
-                                   sparse_attention=config.sparse_attention)
+                                   sparse_attention=config.sparse_attention,
+                                   cross=self.images.cross)
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed)
         self._ids = itertools.count()
         # Counters for metrics (cumulative since start).
@@ -200,7 +201,8 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if not ids:
             raise ValueError(f"request {request_id}: the prompt is empty")
-        bad = [t for t in ids if not 0 <= t < vocab]
+        image = self.images.mllama.image_token_id if self.images.mllama is not None else -1
+        bad = [t for t in ids if not 0 <= t < vocab and t != image]  # Mllama's past the vocab
         if bad:
             raise ValueError(f"request {request_id}: prompt token id {bad[0]} is outside the "
                              f"vocabulary [0, {vocab})")
@@ -481,6 +483,10 @@ class LLMEngine:
         s["kv_cache_dtype"] = self.config.kv_cache_dtype
         s["bytes_per_block"] = self.plan.bytes_per_block
         s["kv_cache_bytes"] = self.plan.bytes_per_block * self.plan.num_blocks
+        if self.images.cross is not None:  # Mllama: the cross-attention layers' pool
+            cross = self.images.cross.kv
+            s["cross_blocks"], s["cross_free_blocks"] = cross.num_blocks, cross.num_free_blocks
+            s["cross_bytes_per_block"] = self.executor.layout.cross_bytes_per_block
         s["num_requests_running"] = len({q.request.request_id for q in self.scheduler.running})
         s["num_requests_waiting"] = len(self.requests) - s["num_requests_running"]
         return s

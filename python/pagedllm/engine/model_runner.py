@@ -24,6 +24,7 @@ from pagedllm.engine.numerics import LayerFaults
 from pagedllm.engine.scheduler import SchedulerOutput
 from pagedllm.engine.tracing import NULL_RECORDER
 from pagedllm.model import AttentionMetadata, PagedKVCache
+from pagedllm.multimodal.cross_writer import CrossKVWriter
 from pagedllm.multimodal.encoder_cache import EncoderCache
 from pagedllm.sparse.attend import SparseStep
 
@@ -75,15 +76,18 @@ class ModelRunner:
         model: the loaded Llama (pagedllm.model), in eval mode, on `kv_cache.device`.
         kv_cache: the paged KV pool its attention reads and writes.
         check_numerics: probe every layer's output for NaN/Inf (engine/layer_probe.py).
+        cross_kv: the cross-attention layers' pool of an Mllama model (None: none).
     """
 
     def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache,
-                 check_numerics: bool = False):
+                 check_numerics: bool = False, cross_kv: Optional[PagedKVCache] = None):
         self.model = model
         self.kv_cache = kv_cache
         self.device = kv_cache.device
         self._staging = _Staging(self.device) if self.device.type == "cuda" else None
         self.encoder_cache = EncoderCache(model, self.device)  # image embeddings by hash
+        self.cross_writer = (CrossKVWriter(model, cross_kv, self.device)
+                             if cross_kv is not None else None)  # Mllama's cross K/V
         # decoder layers (LLaVA: its language model's)
         self.num_layers = len(getattr(model, "language_model", model).layers)
         self.probe = NumericsProbe(self.num_layers, self.device) if check_numerics else None
@@ -133,6 +137,11 @@ class ModelRunner:
             with rec.span("encoder", cat="worker"):
                 # {"mm_rows": [k], "mm_embeds": [k, hidden]} (the image encoder runs first)
                 extra = self.encoder_cache.model_inputs(out.multimodal)
+        if out.cross is not None:
+            with rec.span("encoder", cat="worker"):
+                # Mllama: images encoded, cross K/V written, then the step's cross metadata
+                extra["cross"] = self.cross_writer.step(out.cross, meta.cu_seqlens_q,
+                                                        self._tensor)
         if self.probe is not None:
             self.probe.start(len(out.input_ids))
         with rec.span("forward", cat="worker"):

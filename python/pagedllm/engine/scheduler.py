@@ -42,6 +42,7 @@ from pagedllm.engine.sampler import SampleResult, SampleTarget
 from pagedllm.engine.sequence import Request, Sequence, SequenceStatus
 from pagedllm.engine.stop_checker import StopChecker
 from pagedllm.engine.transfer_plan import KVTransferPlan, as_pairs
+from pagedllm.multimodal.cross_schedule import CrossScheduler, StepCross
 from pagedllm.multimodal.encoder_schedule import EncoderScheduler, StepMultiModal
 from pagedllm.outputs import BeamSearchOutput, RequestOutput
 from pagedllm.sampling_params import BeamSearchParams
@@ -101,6 +102,8 @@ class SchedulerOutput:
         beam_rows: (row, sequence) of beam-search beams, whose candidates are ranked instead.
         preempted: sequences preempted while scheduling this step.
         multimodal: the step's image work (encodes, embedding rows), None without images.
+        cross: the step's Mllama cross-attention work (encodes, cross K/V writes, cross block
+            tables, per-token ranges), None when no entry has cross K/V.
         sparse: the decode sequences' block-sparse plan (None: every block is read).
     """
 
@@ -120,6 +123,7 @@ class SchedulerOutput:
     preempted: List[Sequence] = field(default_factory=list)
     multimodal: Optional[StepMultiModal] = None
     sparse: Optional[SparsePlan] = None
+    cross: Optional[StepCross] = None
 
     @property
     def num_tokens(self) -> int:
@@ -165,13 +169,15 @@ class Scheduler:
         num_host_blocks: size of the host swap pool in blocks (0: no swapping).
         tier: the persistent KV tier (engine/kv_tier.py), or None.
         encoder: the encoder cache and budget of a multimodal model, or None.
+        cross: the cross-attention K/V pool's block tables of an Mllama model, or None.
     """
 
     def __init__(self, kv: _core.KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  eos_token_ids: Iterable[int] = (), max_model_len: int = 1 << 30,
                  tokenizer=None, preemption_mode: str = "recompute", num_host_blocks: int = 0,
                  tier=None, encoder: Optional[EncoderScheduler] = None,
-                 sparse_attention: Optional[SparseAttentionConfig] = None):
+                 sparse_attention: Optional[SparseAttentionConfig] = None,
+                 cross: Optional[CrossScheduler] = None):
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
                              f"got {preemption_mode!r}")
@@ -185,6 +191,7 @@ class Scheduler:
         self.host = _core.BlockAllocator(num_host_blocks) if num_host_blocks > 0 else None
         self.tier = tier
         self.encoder = encoder
+        self.cross = cross
         self.sparse = SparseScheduling(sparse_attention, self.block_size)
         self.processor = OutputProcessor(StopChecker(self.eos_token_ids, max_model_len, tokenizer),
                                          tokenizer)
@@ -209,6 +216,8 @@ class Scheduler:
         self.requests[req.request_id] = req
         if req.images:
             self.encoder.add_request(req.images)
+        if req.cross_images:
+            self.cross.add_request(req)
         self._enqueue(req.seqs[0])
 
     def abort_request(self, request_id: str) -> None:
@@ -270,6 +279,8 @@ class Scheduler:
         """Makes `child` share every KV block of the running `parent` (copy-on-write later)."""
         assert parent.status is SequenceStatus.RUNNING, parent
         self.kv.fork(parent.seq_id, child.seq_id)
+        if self.cross is not None:
+            self.cross.fork(parent.seq_id, child.seq_id)
         child.num_computed_tokens = parent.num_computed_tokens
         self._run(child)
 
@@ -281,7 +292,7 @@ class Scheduler:
         """Drops a sequence from the queues and frees its device or host blocks."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
-            self.kv.free(seq.seq_id)
+            self._free_blocks(seq)
         elif seq.status is SequenceStatus.WAITING:
             if seq in self.waiting:
                 self.waiting.remove(seq)
@@ -306,6 +317,14 @@ class Scheduler:
             req.finish_time = time.monotonic()
             if req.images:
                 self.encoder.release_request(req.images)
+            if req.cross_images:
+                self.cross.release_request(req)
+
+    def _free_blocks(self, seq: Sequence) -> None:
+        """Frees a sequence's device blocks (self pool, and cross pool when it holds some)."""
+        self.kv.free(seq.seq_id)
+        if self.cross is not None:
+            self.cross.free(seq.seq_id)
 
     # --- scheduling ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -386,6 +405,7 @@ class Scheduler:
         step.preempted.append(seq)
         self.running.remove(seq)
         if (self.preemption_mode == "swap" and self.host is not None
+                and not seq.request.cross_images  # cross K/V: recomputed, never swapped
                 and not self.sparse.dropped_any(self.kv, seq.seq_id)):
             table = self.kv.block_table(seq.seq_id)
             host_ids = self.host.allocate_n(len(table)) if len(table) else []
@@ -397,7 +417,7 @@ class Scheduler:
                 bisect.insort(self.swapped, seq, key=_arrival)
                 self.num_swap_outs += 1
                 return
-        self.kv.free(seq.seq_id)
+        self._free_blocks(seq)
         seq.num_computed_tokens = 0
         self._enqueue(seq)
 
@@ -519,6 +539,8 @@ class Scheduler:
                 if self.running or fit < nd + min(n, bs):
                     break
                 n = fit - nd
+            if req.cross_images and not self.cross.fits(req):
+                break  # its cross blocks or its images' encoding must wait (arrival order)
             res = self.kv.admit(seq.seq_id, tokens, hashes, req.extra_key, max_cached, nd + n)
             assert res is not None and res[0] == cached, "query_admission promised room"
             self.waiting.pop(i)
@@ -531,6 +553,8 @@ class Scheduler:
             if self.tier is not None and cached and self.tier.hot_blocks_threshold > 0:
                 self._store_hot(seq, cached, step)
             seq.num_computed_tokens = cached + nd
+            if req.cross_images:
+                self.cross.admit(seq)
             step.add(seq, cached + nd, n, res[1][nd:], res[2])
             if req.images:
                 self.encoder.reserve(req.images, cached + nd, n)
@@ -687,6 +711,8 @@ class Scheduler:
                     child = Sequence(req, index, seq.token_ids, req.make_generator(index))
                     req.seqs.append(child)
                     self.kv.fork(seq.seq_id, child.seq_id)
+                    if self.cross is not None:
+                        self.cross.fork(seq.seq_id, child.seq_id)
                     child.num_computed_tokens = e.start
                     e.forks.append(child)
                     self._run(child)
@@ -727,6 +753,7 @@ class Scheduler:
                 [(e.seq.request.images, e.start, e.num_new_tokens, int(cu[i]))
                  for i, e in enumerate(entries) if e.seq.request.images]),
             sparse=sparse,
+            cross=None if self.cross is None else self.cross.step_inputs(entries, cu),
         )
 
     # --- applying a step's results -------------------------------------------------------------

@@ -132,15 +132,21 @@ class Request:
         prompt_logprobs: per prompt token, when requested.
         images: the prompt's ImageInputs (pagedllm.multimodal.prompt), () for text.
         kv_prompt_ids: int32 prompt ids with image positions' content-derived ids (None: text).
+        cross_images: an Mllama prompt's MllamaImageInputs (their K/V in cross blocks), ().
+        cross_ranges: int32 [prompt len, 2], the cross tokens each prompt position sees
+            (pagedllm.multimodal.mllama_ranges; None without cross_images).
     """
 
     def __init__(self, request_id: str, prompt: Optional[str], prompt_token_ids: List[int],
                  params: SamplingParams, extra_key: int = 0, arrival_time: Optional[float] = None,
                  group: Optional[str] = None, images: tuple = (),
-                 kv_prompt_ids: Optional[np.ndarray] = None):
+                 kv_prompt_ids: Optional[np.ndarray] = None, cross_images: tuple = (),
+                 cross_ranges: Optional[np.ndarray] = None):
         self.request_id = request_id
         self.images = images
         self.kv_prompt_ids = kv_prompt_ids
+        self.cross_images = cross_images
+        self.cross_ranges = cross_ranges
         self.group = group  # fair-share key (an HTTP request's prompts share one); None: FCFS
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)

@@ -18,6 +18,7 @@ import torch
 
 from pagedllm.config import EngineConfig
 from pagedllm.engine import device as devices
+from pagedllm.engine.cross_kv_sizing import plan_mllama_pools
 from pagedllm.engine.host_swap import HostSwapPool
 from pagedllm.engine.kv_sizing import KVPlan, plan_kv_pool, resolve_block_size
 from pagedllm.engine.kv_transfer import KVTransferEngine
@@ -46,11 +47,15 @@ class KVLayout:
         num_host_blocks: blocks in the host swap pool (0: none).
         block_size_reason: why the pool has plan.block_size ("configured", or block_size
             auto's rule and inputs).
+        num_cross_blocks: blocks of the cross-attention pool (Mllama; 0: none).
+        cross_bytes_per_block: bytes of one of its blocks (its layers only).
     """
 
     plan: KVPlan
     num_host_blocks: int
     block_size_reason: str = "configured"
+    num_cross_blocks: int = 0
+    cross_bytes_per_block: int = 0
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -130,8 +135,23 @@ class Worker:
         if parallel is not None and device_budget is not None:
             # one block table for every rank: the device with the least room sizes the pools
             device_budget = parallel.comm.min_over_ranks(device_budget)
-        plan = plan_kv_pool(config, bytes_per_block, self.model_config.max_position_embeddings,
-                            device_budget, block_size)
+        mllama = getattr(model, "mllama_config", None)
+        self.cross_kv: Optional[PagedKVCache] = None
+        if mllama is None:
+            plan = plan_kv_pool(config, bytes_per_block,
+                                self.model_config.max_position_embeddings, device_budget,
+                                block_size)
+        else:  # Mllama: the cross-attention layers' pool beside the self-attention one
+            if parallel is not None:
+                raise ValueError("tensor_parallel_size > 1 is not supported for Mllama models")
+            cross_bpb = PagedKVCache.bytes_per_block(mllama.cross_text, block_size,
+                                                     config.kv_cache_dtype, self.dtype)
+            plan, num_cross = plan_mllama_pools(
+                config, bytes_per_block, cross_bpb, self.model_config.max_position_embeddings,
+                device_budget, block_size)
+            self.cross_kv = PagedKVCache(mllama.cross_text, num_cross, plan.block_size,
+                                         config.kv_cache_dtype, config.k_scale, config.v_scale,
+                                         dtype=self.dtype, device=self.device)
         self.kv_cache = PagedKVCache(pool_config, plan.num_blocks, plan.block_size,
                                      config.kv_cache_dtype, config.k_scale, config.v_scale,
                                      dtype=self.dtype, device=self.device,
@@ -157,10 +177,14 @@ class Worker:
             _core.cuda.set_validation("deferred")
         if num_host_blocks:
             self.host_pool = HostSwapPool(self.kv_cache.pool, num_host_blocks, self.streams)
-        self.layout = KVLayout(plan, num_host_blocks, self.block_size_reason)
+        cross = self.cross_kv
+        self.layout = KVLayout(plan, num_host_blocks, self.block_size_reason,
+                               cross.num_blocks if cross is not None else 0,
+                               cross.nbytes // cross.num_blocks if cross is not None else 0)
         self.transfer = KVTransferEngine(self.kv_cache, self.host_pool, self.streams)
         self.model_runner = ModelRunner(self.model, self.kv_cache,
-                                        check_numerics=config.check_numerics != "off")
+                                        check_numerics=config.check_numerics != "off",
+                                        cross_kv=self.cross_kv)
         logger.info("worker: %s, %s weights, %d KV blocks of %d tokens (%.1f MiB)%s",
                     self.device, str(self.dtype).replace("torch.", ""), plan.num_blocks,
                     plan.block_size, plan.num_blocks * bytes_per_block / (1 << 20),

@@ -31,6 +31,7 @@ from pagedllm.model.config import ModelConfig
 from pagedllm.model.errors import CheckpointError
 from pagedllm.model.llama import LlamaForCausalLM
 from pagedllm.model.llava_loader import maybe_load_llava
+from pagedllm.model.mllama_loader import maybe_load_mllama
 from pagedllm.model.safetensors_files import (INDEX_FILE, SUPPORTED_MODEL_DTYPES, USABLE_DTYPES,
                                               TensorInfo, fill, scan, weight_files)
 from pagedllm.model.weight_names import (IGNORED_SUFFIXES, TensorSlot, expected_tensor_count,
@@ -52,7 +53,9 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
             (`LlamaForCausalLM.prepack_weights`): faster matmuls, `Linear.weight` is then None.
     Returns:
         (model in eval mode with gradients off, its ModelConfig). A LLaVA checkpoint
-        (LlavaForConditionalGeneration) gives the LLaVA model and its decoder's ModelConfig.
+        (LlavaForConditionalGeneration) gives the LLaVA model and its decoder's ModelConfig;
+        an Mllama one (MllamaForConditionalGeneration) the Mllama model and its decoder's
+        self-attention-only ModelConfig (model/mllama_loader.py).
     Raises:
         CheckpointError: any problem with the directory, naming the file, tensor and expectation.
     """
@@ -62,6 +65,9 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     llava = maybe_load_llava(os.fspath(path), dtype, prepack)
     if llava is not None:
         return llava
+    mllama = maybe_load_mllama(os.fspath(path), dtype, prepack)
+    if mllama is not None:
+        return mllama
     config, slots, by_file = inspect_checkpoint(path)
     model = LlamaForCausalLM(config, dtype)
     params = dict(model.named_parameters())

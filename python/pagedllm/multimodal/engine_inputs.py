@@ -2,18 +2,22 @@
 
 One object per engine. For a LLaVA checkpoint it owns the ImagePromptProcessor
 (placeholders, preprocessing, limits) and the scheduler's EncoderScheduler (encoder cache
-bookkeeping and budget); for a text-only checkpoint both are None and a prompt with images is
-refused with a clear error.
+bookkeeping and budget); for an Mllama checkpoint the MllamaPromptProcessor (`mllama`: images
+reach the decoder through cross-attention, mllama_prompt.py) and an EncoderScheduler whose
+budget counts vision tokens, inside the CrossScheduler the engine hands the scheduler; for a
+text-only checkpoint all are None and a prompt with images is refused with a clear error.
 """
 
 from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
 
+from pagedllm.multimodal.cross_schedule import CrossScheduler
 from pagedllm.multimodal.encoder_schedule import EncoderScheduler
 from pagedllm.multimodal.hashing import salt_image_blocks
 from pagedllm.multimodal.image_io import ImageInputError
 from pagedllm.multimodal.limits import MultiModalLimits
+from pagedllm.multimodal.mllama_prompt import MllamaPromptProcessor
 from pagedllm.multimodal.prompt import ImagePromptProcessor, text_only_error
 
 MODALITIES = ("image",)
@@ -50,6 +54,7 @@ class EngineImages:
         max_num_batched_tokens: the scheduler's token budget.
         block_size: the KV block size (image blocks' cache ids are salted per block).
         encoder_cache_images: unused encoder outputs kept for reuse.
+        num_cross_blocks: blocks of the worker's cross-attention pool (Mllama; 0: none).
     Raises:
         ValueError: an encoder budget below one image's embeddings, or a bad preprocessor
             config.
@@ -57,11 +62,19 @@ class EngineImages:
 
     def __init__(self, model_path: str, limits: MultiModalLimits,
                  max_num_encoder_tokens: Optional[int], max_num_batched_tokens: int,
-                 block_size: int, encoder_cache_images: int = 0):
+                 block_size: int, encoder_cache_images: int = 0, num_cross_blocks: int = 0):
         self.model_path = model_path
         self.block_size = block_size
         self.processor = ImagePromptProcessor.from_dir(model_path, limits)
+        self.mllama = (MllamaPromptProcessor.from_dir(model_path, limits, block_size)
+                       if self.processor is None else None)
         self.encoder: Optional[EncoderScheduler] = None
+        self.cross: Optional[CrossScheduler] = None  # the scheduler's, for Mllama
+        if self.mllama is not None:  # every image of a request is encoded at its admission
+            self.cross = CrossScheduler(num_cross_blocks, block_size, EncoderScheduler(
+                max_num_encoder_tokens or max(max_num_batched_tokens,
+                                              self.mllama.max_cross_tokens),
+                encoder_cache_images))
         if self.processor is None:
             return
         per_image = self.processor.num_image_tokens
@@ -78,6 +91,13 @@ class EngineImages:
             ValueError: images for a text-only model, a placeholder count that differs from
                 the image count, a limit exceeded, unusable image data.
         """
+        if self.mllama is not None:
+            if not images and self.mllama.image_token_id not in token_ids:
+                return token_ids, {}
+            mm = self.mllama.process(token_ids, images)
+            self.cross.check_request(mm.cross_images)
+            return token_ids, {"cross_images": mm.cross_images, "kv_prompt_ids": mm.kv_prompt_ids,
+                               "cross_ranges": mm.cross_ranges}
         if self.processor is None:
             if images:
                 raise text_only_error(self.model_path)

@@ -124,5 +124,5 @@ class ImagePromptProcessor:
 
 def text_only_error(model_path: str) -> ValueError:
     """The error for images sent to a text-only model."""
-    return ImageInputError(f"the model at {model_path} is text-only (not a LLaVA checkpoint): "
+    return ImageInputError(f"the model at {model_path} is text-only (not a LLaVA or Mllama checkpoint): "
                            f"it takes no images")

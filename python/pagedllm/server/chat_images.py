@@ -2,8 +2,8 @@
 
 Each `{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}` part is decoded
 here (PNG or JPEG, within the engine's image limits) and replaced in the message text by the
-model's image placeholder token (LLaVA's `<image>`), which the engine expands to the patch
-count. Remote `http(s)` URLs are refused with a 400 (`--allowed-media-domains` changes the
+model's image placeholder token (LLaVA's `<image>`, which the engine expands to the patch
+count; Mllama's `<|image|>`, which stays one token: its images are cross-attended). Remote `http(s)` URLs are refused with a 400 (`--allowed-media-domains` changes the
 message only: this server never fetches media). An image for a text-only model is a 400.
 """
 
@@ -58,13 +58,14 @@ def chat_images(state: ServerState, messages) -> Tuple[list, Optional[str]]:
 
 
 def _processor(state: ServerState):
-    """The engine's ImagePromptProcessor (None: a text-only model)."""
+    """The engine's ImagePromptProcessor or MllamaPromptProcessor (None: a text-only model)."""
     images = getattr(state.engine.engine, "images", None)
-    return getattr(images, "processor", None)
+    return getattr(images, "processor", None) or getattr(images, "mllama", None)
 
 
 def expanded_len(state: ServerState, prompt) -> int:
     """Prompt length as the engine counts it: each image placeholder becomes its patch count."""
     if not prompt.images:
         return len(prompt.token_ids)
-    return len(prompt.token_ids) + len(prompt.images) * (_processor(state).num_image_tokens - 1)
+    per_image = getattr(_processor(state), "num_image_tokens", 1)  # Mllama: not expanded
+    return len(prompt.token_ids) + len(prompt.images) * (per_image - 1)
