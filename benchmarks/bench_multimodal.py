@@ -1,7 +1,9 @@
 """Image requests: throughput and time to first token with and without the image prefix cache,
-and KV memory per image (patch tokens in ordinary blocks).
+and KV memory per image (LLaVA: patch tokens in ordinary blocks; Mllama: vision tokens in
+cross-attention blocks, bench_multimodal_mllama.py).
 
     python -m benchmarks.bench_multimodal [--requests 16] [--image-size 224] [--quick]
+                                          [--arch llava|mllama|all]
 
 Builds a random LLaVA checkpoint with transformers (CLIP ViT-B/32-sized tower at 224 px: 49
 patches; a 4-layer, 256-wide Llama), sends `requests` prompts that share one image and
@@ -30,7 +32,14 @@ def main(argv=None) -> list:
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--quick", action="store_true",
                     help="a tiny tower and 3 requests (the smoke test)")
+    ap.add_argument("--arch", choices=("llava", "mllama", "all"), default="llava")
     args = ap.parse_args(argv)
+    if args.arch != "llava":
+        from benchmarks.bench_multimodal_mllama import run
+
+        mllama = run(3 if args.quick else args.requests, args.quick)
+        if args.arch == "mllama":
+            return mllama
     tower = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, image_size=64, patch_size=16) if args.quick else
              dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,

@@ -97,6 +97,7 @@ _ENGINE_FLAGS: Dict[str, str] = {
     "max_images_per_prompt": "max_images_per_prompt", "max_image_bytes": "max_image_bytes",
     "max_image_pixels": "max_image_pixels", "max_num_encoder_tokens": "max_num_encoder_tokens",
     "encoder_cache_images": "encoder_cache_images",
+    "cross_kv_fraction": "cross_kv_fraction", "num_cross_kv_blocks": "num_cross_kv_blocks",
 }
 # flag dest -> persistence key
 _PERSISTENCE_FLAGS: Dict[str, str] = {
@@ -164,7 +165,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--distributed-timeout", type=float, metavar="SECONDS",
                    help="a rank that dies or does not answer a step within this stops the "
                         "engine with an error naming it (300)")
-    m = parser.add_argument_group("images, LLaVA models (YAML section multimodal:)")
+    m = parser.add_argument_group("images, LLaVA and Mllama models (YAML section multimodal:)")
     m.add_argument("--max-images-per-prompt", type=positive_int, metavar="N",
                    help="most images in one prompt (4)")
     m.add_argument("--max-image-bytes", type=parse_size, metavar="SIZE",
@@ -176,6 +177,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "one image))")
     m.add_argument("--encoder-cache-images", type=int, metavar="N",
                    help="unused image encoder outputs kept for repeated images (8)")
+    m.add_argument("--cross-kv-fraction", type=float, metavar="F",
+                   help="Mllama: share of the KV memory for the cross-attention pool (0.25)")
+    m.add_argument("--num-cross-kv-blocks", type=positive_int, metavar="N",
+                   help="Mllama: exact blocks of the cross-attention pool (from the fraction)")
     p = parser.add_argument_group("persistent KV tier (YAML section persistence:)")
     p.add_argument("--persistence-path", metavar="DIR",
                    help="keep full prompt blocks in a store under DIR that survives restarts "
