@@ -28,6 +28,9 @@ class CrossAttentionMetadata:
         context_lens: [num_seqs] int32, cross tokens stored per sequence.
         cu_seqlens_q: [num_seqs + 1] int32, the step's packed query tokens per sequence.
         kv_ranges: [num_tokens, 2] int32, the cross tokens [lo, hi) each query token sees.
+    Attributes:
+        row_mask: [num_tokens, 1] bool, True where the row sees at least one cross token (the
+            cross-attention layers' MLP is masked to these rows).
     """
 
     kv: PagedKVCache
@@ -38,7 +41,6 @@ class CrossAttentionMetadata:
     row_mask: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        # row_mask: [num_tokens, 1], 1.0 where the row sees at least one cross token
         self.row_mask = (self.kv_ranges[:, 1] > self.kv_ranges[:, 0]).unsqueeze(1)
 
 

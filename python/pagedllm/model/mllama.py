@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from pagedllm import ops
+from pagedllm.model import packed_linear
 from pagedllm.model.attention import AttentionMetadata
 from pagedllm.model.cross_attention import CrossAttentionMetadata, paged_cross_attention
 from pagedllm.model.kv_cache import PagedKVCache
@@ -182,8 +183,20 @@ class MllamaForConditionalGeneration(nn.Module):
         self.language_model = MllamaTextDecoder(cfg, dtype)
 
     def prepack_weights(self) -> int:
-        """No prepacking for Mllama yet (the strided weights are used); returns 0."""
-        return 0
+        """Moves the decoder's projection weights into oneDNN's blocked layout (as
+        LlamaForCausalLM.prepack_weights; the vision model and projector stay strided).
+
+        Returns:
+            How many linear layers are packed (0 when oneDNN is unavailable).
+        Raises:
+            ValueError: the model's dtype cannot be packed.
+        """
+        if self.dtype not in packed_linear.PACKABLE_DTYPES:
+            raise ValueError(f"model dtype {self.dtype}: prepacking expects one of "
+                             f"{packed_linear.PACKABLE_DTYPES}")
+        if not packed_linear.available():
+            return 0
+        return sum(m.prepack() for m in self.language_model.modules() if isinstance(m, Linear))
 
     @torch.inference_mode()
     def encode_images(self, pixel_values: torch.Tensor, aspect_ratio_ids: torch.Tensor,

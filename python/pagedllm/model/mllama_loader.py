@@ -104,7 +104,7 @@ def load_mllama(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     Args:
         path: directory with config.json (vision_config, text_config) and safetensors.
         dtype: torch.float32 (the reference) or torch.bfloat16.
-        prepack: load_model's option (Mllama's weights stay strided: ignored).
+        prepack: prepack the decoder's projections for oneDNN (load_model's option).
     Returns:
         (model in eval mode, the decoder's self-attention-only ModelConfig: what the ordinary
         KV pool is sized from; the cross pool is sized from model.mllama_config).
@@ -126,6 +126,8 @@ def load_mllama(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
         by_file.setdefault(found[ckpt_name].file, []).append(ckpt_name)
     for file, names in by_file.items():
         st.fill(file, names, by_ckpt, params)
+    if prepack:
+        model.prepack_weights()
     return model.eval(), cfg.self_text
 
 
