@@ -145,3 +145,25 @@ def test_loader_accepts_both_layouts_and_lists_problems(tmp_path):
         load_model(path)
     assert "missing tensor 'model.layers.1.cross_attn.k_norm.weight'" in str(e.value)
     assert "unexpected tensor 'model.language_model.layers.1.cross_attn.extra'" in str(e.value)
+
+
+def test_a_failing_step_frees_both_pools_and_the_engine_carries_on(mllama_dir):
+    llm = LLM(mllama_dir, num_kv_blocks=64, num_cross_kv_blocks=16, block_size=4)
+    eng = llm.engine
+    model = eng.executor.worker.model
+    real = model.write_cross_kv
+    calls = []
+
+    def broken(*args):
+        calls.append(1)
+        raise RuntimeError("injected write failure")
+
+    model.write_cross_kv = broken
+    ids, img = [IMG] + text_prompt(4, 1), random_image(2)
+    (out,) = llm.generate([prompt(ids, [img])], greedy(), use_tqdm=False)
+    assert out.outputs[0].finish_reason == "error" and "injected write failure" in out.error
+    assert calls and eng.images.cross.kv.num_free_blocks == 16
+    model.write_cross_kv = real
+    (out,) = llm.generate([prompt(ids, [img])], greedy(), use_tqdm=False)
+    assert out.outputs[0].token_ids == hf_greedy(mllama_dir, ids, [img], 6)[0]
+    assert_pools_clean(llm)
