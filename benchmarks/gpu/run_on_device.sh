@@ -66,7 +66,7 @@ if [ "$build_ok" = 1 ]; then
   PAGEDLLM_TRACE_DIR="$OUT/traces" step engine_tests 240 tests.log "$PY" -m pytest -q -rfEs \
     -p no:cacheprovider --junitxml="$OUT/junit_engine.xml" tests/python/test_engine_gpu.py \
     tests/python/test_engine_device.py tests/python/test_diagnostics_gpu.py \
-    tests/python/test_tensor_parallel_gpu.py
+    tests/python/test_tensor_parallel_gpu.py tests/python/test_mllama_gpu.py
   # Issue 17: nsys records exactly the --profile-cuda-steps window (when nsys is installed).
   if command -v nsys >/dev/null; then
     step nsys_window 180 nsys.log nsys profile --capture-range=cudaProfilerApi \
