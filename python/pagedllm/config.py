@@ -157,7 +157,7 @@ class EngineConfig:
             the rank.
         num_threads (with tensor_parallel_size > 1): threads per rank; None = the cores
             shared evenly by the local ranks.
-        max_images_per_prompt: multimodal (LLaVA) models: most images in one prompt.
+        max_images_per_prompt: multimodal (LLaVA, Mllama) models: most images in one prompt.
         max_image_bytes: most encoded bytes of one image.
         max_image_pixels: most width * height of one decoded image.
         max_num_encoder_tokens: most image embeddings encoded per step (vLLM's encoder

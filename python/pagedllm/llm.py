@@ -102,8 +102,8 @@ class LLM:
         Args:
             prompts: a prompt or a list; each is text, {"prompt": text} or
                 {"prompt_token_ids": [...]}; a dict may add {"multi_modal_data": {"image":
-                PIL image or PNG/JPEG bytes, or a list}} for a LLaVA model (one image
-                placeholder token per image).
+                PIL image or PNG/JPEG bytes, or a list}} for a LLaVA or Mllama model (one
+                image placeholder token per image: `<image>`, `<|image|>`).
             sampling_params: one SamplingParams for all, or one per prompt (default: the
                 checkpoint's generation_config.json sampling settings, as vLLM does).
             use_tqdm: show a progress bar.

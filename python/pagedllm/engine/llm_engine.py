@@ -233,7 +233,7 @@ class LLMEngine:
             request_id: a unique id (None: the engine makes one).
             prompt: text, token ids, or {"prompt": text} / {"prompt_token_ids": ids}; a dict
                 may add {"multi_modal_data": {"image": PIL image or PNG/JPEG bytes, or a
-                list}} for a LLaVA model, one image placeholder token per image.
+                list}} for a LLaVA or Mllama model, one image placeholder token per image.
             params: sampling parameters (default SamplingParams()).
             arrival_time: for metrics (default now).
             extra_key: prefix-cache namespace (a tenant salt / adapter id hash; 0 = shared).
