@@ -31,7 +31,8 @@ def greedy(**kw):
 
 def cases():
     """(prompt ids, images): 0, 1 and 2 images (consecutive, apart), 1 and 2 tiles each."""
-    wide, square, tall = random_image(1, (40, 20)), random_image(2, (14, 14)), random_image(3, (18, 37))
+    wide, square = random_image(1, (40, 20)), random_image(2, (14, 14))
+    tall = random_image(3, (18, 37))
     return [
         (text_prompt(9, 0), []),
         ([IMG] + text_prompt(6, 1), [wide]),

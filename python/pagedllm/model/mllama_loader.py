@@ -61,8 +61,9 @@ def _cross_layer_tensors(cfg: MllamaConfig, i: int) -> dict[str, TensorSlot]:
                    "mlp.down_proj.weight": (h, f)})
     dst = f"language_model.layers.{i}"
     out = {f"model.layers.{i}.{n}": TensorSlot(s, f"{dst}.{n}") for n, s in shapes.items()}
-    out[f"model.layers.{i}.mlp.gate_proj.weight"] = TensorSlot((f, h), f"{dst}.mlp.gate_up_proj.weight", 0)
-    out[f"model.layers.{i}.mlp.up_proj.weight"] = TensorSlot((f, h), f"{dst}.mlp.gate_up_proj.weight", f)
+    gate_up = f"{dst}.mlp.gate_up_proj.weight"  # gate rows, then up rows (fused)
+    out[f"model.layers.{i}.mlp.gate_proj.weight"] = TensorSlot((f, h), gate_up, 0)
+    out[f"model.layers.{i}.mlp.up_proj.weight"] = TensorSlot((f, h), gate_up, f)
     return out
 
 

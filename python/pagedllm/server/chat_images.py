@@ -3,8 +3,9 @@
 Each `{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}` part is decoded
 here (PNG or JPEG, within the engine's image limits) and replaced in the message text by the
 model's image placeholder token (LLaVA's `<image>`, which the engine expands to the patch
-count; Mllama's `<|image|>`, which stays one token: its images are cross-attended). Remote `http(s)` URLs are refused with a 400 (`--allowed-media-domains` changes the
-message only: this server never fetches media). An image for a text-only model is a 400.
+count; Mllama's `<|image|>`, which stays one token: its images are cross-attended). Remote
+`http(s)` URLs are refused with a 400 (`--allowed-media-domains` changes the message only:
+this server never fetches media). An image for a text-only model is a 400.
 """
 
 from __future__ import annotations
