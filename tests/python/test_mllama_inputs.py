@@ -168,3 +168,30 @@ def test_a_failing_step_frees_both_pools_and_the_engine_carries_on(mllama_dir):
     (out,) = llm.generate([prompt(ids, [img])], greedy(), use_tqdm=False)
     assert out.outputs[0].token_ids == hf_greedy(mllama_dir, ids, [img], 6)[0]
     assert_pools_clean(llm)
+
+
+def test_persistent_tier_hits_the_same_image_after_a_restart_and_not_another(mllama_dir,
+                                                                             tmp_path):
+    from PIL import Image
+
+    def engine():
+        return LLM(mllama_dir, num_kv_blocks=128, num_cross_kv_blocks=32, block_size=4,
+                   persistence={"storage_path": str(tmp_path / "kv")})
+
+    ids = text_prompt(8, 2) + [IMG] + text_prompt(11, 3)
+    img = random_image(4, (40, 20))
+    changed = np.asarray(img).copy()
+    changed[0, 0, 0] ^= 1
+    cold = engine()
+    first = cold.generate([prompt(ids, [img])], greedy(), use_tqdm=False)[0]
+    cold.engine.tier.flush()
+    cold.engine.shutdown()
+    warm = engine()  # nothing in memory: the prompt's blocks come from disk, cross K/V anew
+    again = warm.generate([prompt(ids, [img])], greedy(), use_tqdm=False)[0]
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    hit = warm.kv_cache_stats()["disk_hit_tokens"]
+    assert hit == (len(ids) - 1) // 4 * 4
+    warm.generate([prompt(ids, [Image.fromarray(changed)])], greedy(), use_tqdm=False)
+    assert warm.kv_cache_stats()["disk_hit_tokens"] == hit  # nothing past the text blocks
+    assert_pools_clean(warm)
+    warm.engine.shutdown()
