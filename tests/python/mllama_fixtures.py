@@ -293,12 +293,13 @@ def text_prompt(n: int, seed: int) -> List[int]:
 
 
 def assert_pools_clean(llm) -> None:
-    """Both pools back to full: the self pool (free or cached) and the cross pool (free)."""
+    """Both pools back to full (free or cached blocks only, no sequence left)."""
     from engine_fixtures import assert_pool_clean
 
     assert_pool_clean(llm)
-    cross = llm.engine.images.cross.kv
-    assert cross.num_free_blocks == cross.num_blocks, cross.stats()
+    s = llm.engine.images.cross.kv.stats()
+    assert s["used_blocks"] == 0 and s["num_seqs"] == 0, s
+    assert s["free_blocks"] + s["cached_blocks"] == s["num_blocks"], s
 
 
 @pytest.fixture(autouse=True)

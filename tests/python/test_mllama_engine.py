@@ -165,3 +165,32 @@ def test_decoder_logits_match_over_a_long_continuation(mllama_dir):
     got = torch.tensor([lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)])
     want = ref[torch.arange(len(c.token_ids)), torch.tensor(c.token_ids)]
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_requests_with_the_same_images_share_their_cross_blocks(mllama_dir):
+    # Same two images in the same order: the second request shares all but the last of the
+    # first's cross blocks (a live sequence's last block is not offered for sharing), and
+    # writes only that one; the output is unchanged.
+    p, ims = cases()[3]
+    llm = make_llm(mllama_dir, encoder_cache_images=0)
+    eng = llm.engine
+    cross = eng.images.cross
+    need = cross.blocks_needed(eng.images.mllama.process(p, ims).cross_images)
+    eng.add_request("a", as_prompts([(p, ims)])[0], greedy())
+    eng.step()  # a is admitted and its cross K/V written
+    eng.add_request("b", as_prompts([(p, ims)])[0], greedy())
+    eng.add_request("c", {"prompt_token_ids": p, "multi_modal_data": {"image": ims[::-1]}},
+                    greedy())  # the same images in the other order: nothing shared
+    done = {}
+    used = 0
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                done[o.request_id] = o.outputs[0].token_ids
+        used = max(used, cross.kv.stats()["used_blocks"])
+    want = hf_greedy(mllama_dir, p, ims, MAX_TOKENS)[0]
+    assert done["a"] == done["b"] == want
+    assert done["c"] == hf_greedy(mllama_dir, p, ims[::-1], MAX_TOKENS)[0]
+    assert used == need + 1 + need  # a's blocks, b's own last block, c's blocks
+    assert eng.kv_cache_stats()["cross_prefix_cache_hits"] == (need - 1) * 4
+    assert_pools_clean(llm)

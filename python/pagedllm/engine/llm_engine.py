@@ -110,7 +110,8 @@ class LLMEngine:
             self.model_path, MultiModalLimits(config.max_images_per_prompt,
                                               config.max_image_bytes, config.max_image_pixels),
             config.max_num_encoder_tokens, config.max_num_batched_tokens, self.block_size,
-            config.encoder_cache_images, getattr(layout, "num_cross_blocks", 0))
+            config.encoder_cache_images, getattr(layout, "num_cross_blocks", 0),
+            config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, self.eos_token_ids,
                                    self.max_model_len, self.tokenizer, config.preemption_mode,
@@ -341,6 +342,8 @@ class LLMEngine:
             # Blocks this step filled were registered in the prefix cache before their K/V were
             # computed: forget every entry rather than ever serve one.
             self.kv_manager.reset_prefix_cache()
+            if self.images.cross is not None:  # its cross blocks may be unwritten too
+                self.images.cross.kv.reset_prefix_cache()
             return self.scheduler.take_failed_outputs()
         self.num_steps += 1
         if self.numerics is not None:
@@ -485,7 +488,10 @@ class LLMEngine:
         s["kv_cache_bytes"] = self.plan.bytes_per_block * self.plan.num_blocks
         if self.images.cross is not None:  # Mllama: the cross-attention layers' pool
             cross = self.images.cross.kv
-            s["cross_blocks"], s["cross_free_blocks"] = cross.num_blocks, cross.num_free_blocks
+            cs = cross.stats()
+            s["cross_blocks"], s["cross_free_blocks"] = cs["num_blocks"], cs["free_blocks"]
+            s["cross_cached_blocks"] = cs["cached_blocks"]
+            s["cross_prefix_cache_hits"] = cs["prefix_cache_hits"]  # vision tokens shared
             s["cross_bytes_per_block"] = self.executor.layout.cross_bytes_per_block
         s["num_requests_running"] = len({q.request.request_id for q in self.scheduler.running})
         s["num_requests_waiting"] = len(self.requests) - s["num_requests_running"]

@@ -2,13 +2,18 @@
 
 Each running sequence of a request with images holds, in a second KVCacheManager (the cross
 pool: blocks of the cross-attention layers only, same block size and the same seq ids as the
-self pool), the K/V of every valid tile of its images, written once when the sequence is
-admitted: all of the request's images must then be encoded (cached in the worker, or encoded
-within this step's encoder budget: `max_num_encoder_tokens` counts vision tokens). n > 1 and
-beam forks share the parent's cross blocks (a fork is a refcount, never a copy: they are
-never written again); the blocks are freed with the sequence (finish, abort, error,
-preemption: requests with cross K/V are preempted by recompute and rewritten on readmission,
-from the encoder cache when it still holds the images).
+self pool), the K/V of every valid tile of its images, written when the sequence is admitted:
+the images whose tokens are not already in the pool must then be encoded (cached in the
+worker, or encoded within this step's encoder budget: `max_num_encoder_tokens` counts vision
+tokens). n > 1 and beam forks share the parent's cross blocks (a fork is a refcount, never a
+copy: they are never written again); the blocks are freed with the sequence (finish, abort,
+error, preemption: requests with cross K/V are preempted by recompute and readmitted).
+
+With prefix caching on, the cross pool is content-keyed like the self pool: a sequence's
+cross "tokens" are ids drawn from each image's content hash and the token's place in it
+(hashing.placeholder_cache_ids), image after image, so the full blocks of a run of images
+already in the pool (another request's with the same images in the same order, or this
+request's own before a preemption) are shared, not written again; only the rest is written.
 
 The encoder outputs are tracked by an EncoderScheduler (refcounts per image hash, the unused
 LRU, the per-step budget); to it every Mllama image is a whole: each is handed over as if it
@@ -28,6 +33,7 @@ import numpy as np
 
 from pagedllm import _core
 from pagedllm.multimodal.encoder_schedule import EncoderScheduler
+from pagedllm.multimodal.hashing import placeholder_cache_ids
 from pagedllm.multimodal.mllama_ranges import ranges_at
 
 
@@ -38,8 +44,9 @@ class StepCross:
     Attributes:
         free: image hashes whose encoder outputs the worker may drop (before encoding).
         encode: (hash, MllamaImageInput) of the images to encode this step.
-        writes: (image hashes of one sequence, in order; int64 cross slots of their valid
-            tiles' vision tokens, in the same order) to write before the forward.
+        writes: (image hashes of one sequence, in order; how many leading vision tokens of
+            them are in the pool already; int64 cross slots of the rest of their valid tiles'
+            vision tokens, in order) to write before the forward.
         block_tables: int32 [num_seqs, W], every scheduled entry's cross blocks (zeros
             without images).
         context_lens: int32 [num_seqs], cross tokens per entry (0 without images).
@@ -48,7 +55,7 @@ class StepCross:
 
     free: List[bytes]
     encode: List[Tuple[bytes, object]]
-    writes: List[Tuple[Tuple[bytes, ...], np.ndarray]]
+    writes: List[Tuple[Tuple[bytes, ...], int, np.ndarray]]
     block_tables: np.ndarray
     context_lens: np.ndarray
     kv_ranges: np.ndarray
@@ -79,13 +86,18 @@ class CrossScheduler:
         num_blocks: blocks in the cross pool (the worker's layout).
         block_size: tokens per block (the self pool's).
         encoder: the encoder outputs' bookkeeping and budget (vision tokens per step).
+        share: key the cross blocks by content and share them across requests (the engine's
+            enable_prefix_caching).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, encoder: EncoderScheduler):
-        self.kv = _core.KVCacheManager(num_blocks, block_size, False, 0)
+    def __init__(self, num_blocks: int, block_size: int, encoder: EncoderScheduler,
+                 share: bool = True):
+        self.kv = _core.KVCacheManager(num_blocks, block_size, share, 0)
         self.block_size = block_size
         self.encoder = encoder
-        self._pending: Dict[int, Tuple[Tuple[bytes, ...], np.ndarray, list]] = {}
+        # seq id -> (image hashes, skip, slots, encoder views) of the write planned this step
+        self._pending: Dict[int, Tuple[Tuple[bytes, ...], int, np.ndarray, list]] = {}
+        self._keys: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}  # request id -> ids, hashes
 
     # --- request lifetime ---------------------------------------------------------------------
     def add_request(self, req) -> None:
@@ -95,6 +107,29 @@ class CrossScheduler:
     def release_request(self, req) -> None:
         """A request with cross images finished (its encoder outputs may be dropped)."""
         self.encoder.release_request(req.cross_images)
+        self._keys.pop(req.request_id, None)
+
+    def _request_keys(self, req) -> Tuple[np.ndarray, np.ndarray]:
+        """(int32 cross ids [vision tokens], uint64 full-block hashes) of a request, made once."""
+        got = self._keys.get(req.request_id)
+        if got is None:
+            ids = np.concatenate([placeholder_cache_ids(im.content_hash, im.num_cross_tokens)
+                                  for im in req.cross_images])
+            got = self._keys[req.request_id] = (ids, self.kv.block_hashes(ids, 0))
+        return got
+
+    def _to_write(self, req, cached: int) -> Tuple[list, int]:
+        """The images whose tokens lie past the first `cached` (the write's), and how many of
+        their leading tokens are cached already."""
+        start, out, skip = 0, [], 0
+        for im in req.cross_images:
+            end = start + im.num_cross_tokens
+            if end > cached:
+                if not out:
+                    skip = max(0, cached - start)
+                out.append(im)
+            start = end
+        return out, skip
 
     def check_request(self, images: Sequence) -> None:
         """Raises ValueError when a sequence with these images could never be admitted: more
@@ -119,22 +154,33 @@ class CrossScheduler:
 
     # --- admission ----------------------------------------------------------------------------
     def fits(self, req) -> bool:
-        """The ask: can a sequence of `req` be admitted now (cross blocks free, every image
-        cached or encodable within this step's budget)? No side effects."""
-        if self.blocks_needed(req.cross_images) > self.kv.num_available_blocks:
+        """The ask: can a sequence of `req` be admitted now (its cross blocks not in the pool
+        free, every image it writes cached or encodable within this step's budget)? No side
+        effects."""
+        ids, hashes = self._request_keys(req)
+        n = len(ids)
+        cached, fit = self.kv.query_admission(ids, hashes, 0, n, n)
+        if fit < n - cached:
             return False
-        return self.encoder.fit(_wholes(req.cross_images), 0, 1) == 1
+        images, _ = self._to_write(req, cached)
+        return self.encoder.fit(_wholes(images), 0, 1) == 1
 
     def admit(self, seq) -> None:
-        """The do: allocates `seq`'s cross blocks and plans their write in this step."""
-        images = seq.request.cross_images
-        n = sum(im.num_cross_tokens for im in images)
-        res = self.kv.admit(seq.seq_id, np.zeros(n, dtype=np.int32),
-                            np.zeros(0, dtype=np.uint64), 0, 0, n)
-        assert res is not None, "fits() promised room"
+        """The do: gives `seq` its cross blocks (the pool's where they hold its images, new
+        ones for the rest) and plans the write of the new ones in this step."""
+        req = seq.request
+        ids, hashes = self._request_keys(req)
+        n = len(ids)
+        cached, _ = self.kv.query_admission(ids, hashes, 0, n, n)
+        res = self.kv.admit(seq.seq_id, ids, hashes, 0, n, n - cached)
+        assert res is not None and res[0] == cached, "fits() promised room"
+        images, skip = self._to_write(req, cached)
+        if not images:
+            return  # every block is shared: nothing to write
         wholes = _wholes(images)
         self.encoder.reserve(wholes, 0, 1)
-        self._pending[seq.seq_id] = (tuple(im.content_hash for im in images), res[1], wholes)
+        self._pending[seq.seq_id] = (tuple(im.content_hash for im in images), skip, res[1],
+                                     wholes)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """`child` shares its parent's cross blocks (no-op when the parent holds none)."""
@@ -170,8 +216,8 @@ class CrossScheduler:
                     e.seq.request.cross_ranges, e.start, e.num_new_tokens)
         writes = []
         spans = []
-        for hashes, slots, wholes in self._pending.values():
-            writes.append((hashes, slots))
+        for hashes, skip, slots, wholes in self._pending.values():
+            writes.append((hashes, skip, slots))
             spans.append((wholes, 0, 1, 0))
         self._pending = {}
         mm = self.encoder.step_inputs(spans)  # encodes the uncached; frees the released

@@ -62,11 +62,12 @@ class CrossKVWriter:
             states = self.model.encode_images(pixels, ids, mask, [im.num_tiles for im in ims])
             for (h, _), s in zip(sc.encode, states):
                 self._out[h] = s
-        for hashes, slots in sc.writes:
+        for hashes, skip, slots in sc.writes:
             missing = [h.hex() for h in hashes if h not in self._out]
             if missing:
                 raise RuntimeError(f"no encoder output for image {missing[0]}")
-            states = torch.cat([self._out[h] for h in hashes])  # [num_cross_tokens, hidden]
+            # states: [len(slots), hidden], the images' tokens past those already in the pool
+            states = torch.cat([self._out[h] for h in hashes])[skip:]
             self.model.write_cross_kv(states, torch.from_numpy(slots).to(self.device),
                                       self.cross_kv)
         return CrossAttentionMetadata(

@@ -55,6 +55,7 @@ class EngineImages:
         block_size: the KV block size (image blocks' cache ids are salted per block).
         encoder_cache_images: unused encoder outputs kept for reuse.
         num_cross_blocks: blocks of the worker's cross-attention pool (Mllama; 0: none).
+        share_cross_blocks: content-key the cross pool (enable_prefix_caching).
     Raises:
         ValueError: an encoder budget below one image's embeddings, or a bad preprocessor
             config.
@@ -62,7 +63,8 @@ class EngineImages:
 
     def __init__(self, model_path: str, limits: MultiModalLimits,
                  max_num_encoder_tokens: Optional[int], max_num_batched_tokens: int,
-                 block_size: int, encoder_cache_images: int = 0, num_cross_blocks: int = 0):
+                 block_size: int, encoder_cache_images: int = 0, num_cross_blocks: int = 0,
+                 share_cross_blocks: bool = True):
         self.model_path = model_path
         self.block_size = block_size
         self.processor = ImagePromptProcessor.from_dir(model_path, limits)
@@ -74,7 +76,7 @@ class EngineImages:
             self.cross = CrossScheduler(num_cross_blocks, block_size, EncoderScheduler(
                 max_num_encoder_tokens or max(max_num_batched_tokens,
                                               self.mllama.max_cross_tokens),
-                encoder_cache_images))
+                encoder_cache_images), share_cross_blocks)
         if self.processor is None:
             return
         per_image = self.processor.num_image_tokens
