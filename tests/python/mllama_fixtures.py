@@ -12,7 +12,6 @@ import functools
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
-import pytest
 import torch
 
 VOCAB = 256
@@ -209,31 +208,6 @@ def token_ranges(ids: Sequence[int], tokens_per_image: Sequence[int]) -> List[Li
     return out
 
 
-def paged_cross_attention_torch(out, query, key_cache, value_cache, block_tables, cu_seqlens_q,
-                                context_lens, kv_ranges, scale, kv_cache_dtype="auto",
-                                k_scale=1.0, v_scale=1.0) -> None:
-    """The paged cross-attention contract in float64 torch (the kernels' reference)."""
-    bs = key_cache.shape[2]
-    kvh = key_cache.shape[1]
-    heads = query.shape[1]
-    for s in range(block_tables.shape[0]):
-        n = int(context_lens[s])
-        blocks = block_tables[s, :-(-n // bs)].long() if n else block_tables[s, :0].long()
-        # k, v: [n, kv_heads, head_dim]
-        k = key_cache[blocks].permute(0, 2, 1, 3).reshape(-1, kvh, key_cache.shape[3])[:n]
-        v = value_cache[blocks].permute(0, 2, 1, 3).reshape(-1, kvh, key_cache.shape[3])[:n]
-        k = k.double().repeat_interleave(heads // kvh, dim=1)
-        v = v.double().repeat_interleave(heads // kvh, dim=1)
-        for t in range(int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1])):
-            lo, hi = int(kv_ranges[t, 0]), int(kv_ranges[t, 1])
-            if lo == hi:
-                out[t] = 0
-                continue
-            q = query[t].double()  # [heads, head_dim]
-            w = torch.softmax(torch.einsum("hd,jhd->hj", q, k[lo:hi]) * scale, dim=-1)
-            out[t] = torch.einsum("hj,jhd->hd", w, v[lo:hi]).to(out.dtype)
-
-
 @functools.lru_cache(maxsize=4)
 def _hf(path: str):
     from transformers import MllamaForConditionalGeneration, MllamaImageProcessorPil
@@ -300,13 +274,3 @@ def assert_pools_clean(llm) -> None:
     s = llm.engine.images.cross.kv.stats()
     assert s["used_blocks"] == 0 and s["num_seqs"] == 0, s
     assert s["free_blocks"] + s["cached_blocks"] == s["num_blocks"], s
-
-
-@pytest.fixture(autouse=True)
-def cross_kernel(monkeypatch):
-    """Until the kernels land: ops.paged_cross_attention is the float64 torch reference."""
-    from pagedllm import ops
-
-    if not hasattr(ops, "paged_cross_attention"):
-        monkeypatch.setattr(ops, "paged_cross_attention", paged_cross_attention_torch,
-                            raising=False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mllama_fixtures import cross_kernel  # noqa: F401 (autouse)
 from mllama_fixtures import (IMAGE_TOKEN, assert_pools_clean, hf_greedy,
                              hf_logprobs, random_image, text_prompt, write_test_checkpoint)
 from pagedllm import LLM, SamplingParams

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from mllama_fixtures import cross_kernel  # noqa: F401 (autouse)
 from mm_fixtures import png_bytes
 from mllama_fixtures import (IMAGE_TOKEN, assert_pools_clean, hf_greedy, random_image,
                              text_prompt, tiny_hf_model, write_test_checkpoint)

@@ -9,7 +9,6 @@ import os
 import httpx
 import pytest
 
-from mllama_fixtures import cross_kernel  # noqa: F401 (autouse)
 from mllama_fixtures import IMAGE_TOKEN, hf_greedy, random_image, write_test_checkpoint
 from server_fixtures import serve_tiny_model
 from test_mm_server import chat, data_url, image_part

@@ -15,7 +15,6 @@ from pagedllm.model.mllama import MllamaForConditionalGeneration
 from pagedllm.model.mllama_config import MllamaConfig
 from pagedllm.multimodal.mllama_ranges import cross_token_ranges
 
-from mllama_fixtures import cross_kernel  # noqa: F401 (autouse)
 from mllama_fixtures import (IMAGE_TOKEN, MAX_TILES, NUM_PATCHES, engine_test_config,
                              hf_token_mask,
                              load_text_weights, tiny_hf_model,
