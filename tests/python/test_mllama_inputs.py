@@ -120,6 +120,14 @@ def test_cross_kv_sizing_splits_the_budget(mllama_dir):
     slack = s["cross_bytes_per_block"] + s["bytes_per_block"]  # the split rounds to blocks
     assert abs(cross_bytes - s["kv_cache_bytes"]) <= slack
     assert s["kv_cache_bytes"] + cross_bytes <= 1 << 20
+    # num_kv_blocks fixes the self pool; the cross pool gets the fraction of the total
+    llm = LLM(mllama_dir, num_kv_blocks=100, block_size=4, cross_kv_fraction=0.2)
+    s = llm.kv_cache_stats()
+    assert s["num_blocks"] == 100
+    want = int(100 * s["bytes_per_block"] * 0.2 / 0.8) // s["cross_bytes_per_block"]
+    assert s["cross_blocks"] == want
+    with pytest.raises(ValueError, match="cross_kv_fraction"):
+        LLM(mllama_dir, kv_cache_memory_bytes=40_000, block_size=4, cross_kv_fraction=0.01)
 
 
 def test_loader_accepts_both_layouts_and_lists_problems(tmp_path):
