@@ -193,3 +193,21 @@ def test_requests_with_the_same_images_share_their_cross_blocks(mllama_dir):
     assert used == need + 1 + need  # a's blocks, b's own last block, c's blocks
     assert eng.kv_cache_stats()["cross_prefix_cache_hits"] == (need - 1) * 4
     assert_pools_clean(llm)
+
+
+def test_chunked_prefill_gives_the_unchunked_result(mllama_dir):
+    # 3-token steps: the prompt (text, then the image, text, a second image, text) is split
+    # so that chunks start before, at and after each <|image|>; every row's range is the
+    # unchunked one (text before the first image sees none: compared with the engine itself,
+    # transformers averages there).
+    p = text_prompt(4, 7) + [IMG] + text_prompt(3, 8) + [IMG] + text_prompt(4, 9)
+    ims = cases()[3][1]
+    whole = make_llm(mllama_dir).generate(as_prompts([(p, ims)]), greedy(logprobs=1),
+                                          use_tqdm=False)[0].outputs[0]
+    chunked = make_llm(mllama_dir, max_num_batched_tokens=3, max_num_seqs=2)
+    got = chunked.generate(as_prompts([(p, ims)]), greedy(logprobs=1), use_tqdm=False)[0]
+    c = got.outputs[0]
+    assert c.token_ids == whole.token_ids
+    for a, b, t in zip(c.logprobs, whole.logprobs, c.token_ids):
+        assert abs(a[t].logprob - b[t].logprob) < 1e-4
+    assert_pools_clean(chunked)
