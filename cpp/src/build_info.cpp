@@ -63,6 +63,9 @@ std::vector<std::string> compiled_cpu_kernels() {
 #ifdef PAGEDLLM_HAVE_AVX512_KERNELS
   v.emplace_back("avx512");
 #endif
+#ifdef PAGEDLLM_HAVE_AVX512_BF16_KERNELS
+  v.emplace_back("avx512_bf16");
+#endif
   return v;
 }
 
