@@ -40,6 +40,7 @@ CpuFeatures detect() {
   f.avx512dq = zmm && ((b >> 17) & 1u);
   f.avx512bw = zmm && ((b >> 30) & 1u);
   f.avx512vl = zmm && ((b >> 31) & 1u);
+  f.avx512vbmi = zmm && ((c >> 1) & 1u);
   __cpuid_count(7, 1, a, b, c, d);
   f.avx512bf16 = zmm && ((a >> 5) & 1u);
 #endif

@@ -60,7 +60,7 @@ def test_avx512_needs_its_features():
 
 def test_avx512_bf16_needs_its_features_and_is_opt_in():
     features = set(_core.build_info()["cpu_features"])
-    has = {"avx512bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq"} <= features
+    has = {"avx512bf16", "avx512vbmi", "avx512f", "avx512bw", "avx512vl", "avx512dq"} <= features
     if "avx512_bf16" in _core.build_info()["cpu_kernels_compiled"]:
         assert ("avx512_bf16" in _core.cpu_engines()) == has
     restore()

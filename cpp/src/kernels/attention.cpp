@@ -58,7 +58,7 @@ bool cpu_runs(const std::string& name) {
   if (name == "avx2") return avx2;
   const bool avx512 = avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
   if (name == "avx512") return avx512;
-  if (name == "avx512_bf16") return avx512 && f.avx512bf16;
+  if (name == "avx512_bf16") return avx512 && f.avx512bf16 && f.avx512vbmi;
   return name == "generic";
 }
 
@@ -80,8 +80,8 @@ const EngineOps& checked_engine(const std::string& name, const char* what) {
                      what << ": CPU engine '" << name << "' needs "
                           << (name == "avx2"     ? "AVX2, FMA and F16C"
                               : name == "avx512" ? "AVX-512 F/BW/VL/DQ (and AVX2, FMA, F16C)"
-                                                 : "AVX512_BF16 and AVX-512 F/BW/VL/DQ (and "
-                                                   "AVX2, FMA, F16C)")
+                                                 : "AVX512_BF16, AVX512_VBMI and AVX-512 "
+                                                   "F/BW/VL/DQ (and AVX2, FMA, F16C)")
                           << ", which this CPU (or its OS) does not provide");
   return *ops;
 }

@@ -105,6 +105,58 @@ inline __m512i fp8x32_to_bf16(const uint8_t* p) {
                                    0xF8);  // v | (t & sign)
 }
 
+// bf16 bits of the fp8 byte b (its low 7 bits; the sign is added separately), e4m3 times 2^-8,
+// by the same rules as fp8x32_to_bf16.
+constexpr uint16_t fp8_bf16_bits(bool e4, int b) {
+  if (e4) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    if (e == 0) return kE4M3Fixups[m];
+    if ((b & 0x7F) == 0x7F) return kE4M3Fixups[31];
+    return static_cast<uint16_t>(((e + 112) << 7) | (m << 4));
+  }
+  const int e = (b >> 2) & 31, m = b & 3;
+  if (e == 0) return kE5M2Fixups[m];
+  if (e == 31) return kE5M2Fixups[28 + m];
+  return static_cast<uint16_t>(((e + 112) << 7) | (m << 5));
+}
+
+// The high and low bytes of fp8_bf16_bits for the 128 byte values without sign: the tables of
+// two vpermi2b lookups (AVX512_VBMI) that convert 64 bytes at once.
+struct ByteTables {
+  alignas(64) uint8_t hi[128];
+  alignas(64) uint8_t lo[128];
+};
+constexpr ByteTables make_byte_tables(bool e4) {
+  ByteTables t{};
+  for (int b = 0; b < 128; ++b) {
+    t.hi[b] = static_cast<uint8_t>(fp8_bf16_bits(e4, b) >> 8);
+    t.lo[b] = static_cast<uint8_t>(fp8_bf16_bits(e4, b) & 0xFF);
+  }
+  return t;
+}
+constexpr ByteTables kE4M3Bytes = make_byte_tables(true);
+constexpr ByteTables kE5M2Bytes = make_byte_tables(false);
+
+// 64 fp8 bytes as 64 bf16 in two vectors, by 128-bit lane L: *w0 holds elements 16 L + j and
+// *w1 elements 16 L + 8 + j (j = 0..7; vpunpck{l,h}bw of the looked-up low and high bytes).
+template <CacheType CT>
+inline void fp8x64_to_bf16(const uint8_t* p, __m512i* w0, __m512i* w1) {
+  const ByteTables& t = CT == CacheType::kFp8E4M3 ? kE4M3Bytes : kE5M2Bytes;
+  const __m512i x = _mm512_loadu_si512(p);
+  const __m512i hi = _mm512_ternarylogic_epi32(
+      _mm512_permutex2var_epi8(_mm512_load_si512(t.hi), x, _mm512_load_si512(t.hi + 64)), x,
+      _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);  // | the byte's sign
+  const __m512i lo =
+      _mm512_permutex2var_epi8(_mm512_load_si512(t.lo), x, _mm512_load_si512(t.lo + 64));
+  *w0 = _mm512_unpacklo_epi8(lo, hi);
+  *w1 = _mm512_unpackhi_epi8(lo, hi);
+}
+
+template <CacheType CT>
+constexpr bool is_fp8() {
+  return CT == CacheType::kFp8E4M3 || CT == CacheType::kFp8E5M2;
+}
+
 // 32 cache elements as bf16.
 template <CacheType CT>
 inline __m512i load_bf16x32(const uint8_t* p) {
@@ -153,32 +205,52 @@ inline void vsum8(const __m512* a, float* out) {
                                       _mm256_permute2f128_ps(u0, u1, 0x31)));
 }
 
-// ---- the permuted accumulator layout ---------------------------------------------------------
+// ---- the permuted layouts -------------------------------------------------------------------
 //
-// In each 32-element block of an acc row, vpunpcklwd of two tokens' rows feeds lanes 4L + j with
-// element 8L + j and vpunpckhwd with element 8L + 4 + j (L = 0..3, j = 0..3); the block is held
-// as those two 16-lane vectors, the "lo" one first.
+// p.v interleaves two tokens' rows with vpunpck{l,h}wd, so acc rows are held permuted within
+// blocks of elements, and fp8 keys come out of fp8x64_to_bf16 permuted, so the bf16 query is
+// stored in the same order (the dot product does not care about the order, only that both
+// agree). Rows are permuted in at a task's start and back at its end (scalar: a few hundred
+// elements per task).
+// - 32-element blocks (bf16; fp8's last block when head_dim % 64 == 32): element 8 L + j of the
+//   block sits at 4 L + j (j < 4, the vpunpcklwd vector) or 16 + 4 L + j - 4 (vpunpckhwd);
+// - 64-element blocks (fp8): element 16 L + 4 k + i of the block sits at 16 k + 4 L + i (k-th
+//   of the four vpunpck{l,h}wd vectors of the two vpunpck{l,h}bw halves), and the query's
+//   element 16 L + j at 8 L + j (j < 8) or 32 + 8 L + j - 8.
 
-// acc row [0, hd) from natural order to the permuted one (hd a multiple of 32).
-inline void permute_in(float* row, int hd) {
-  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-  const __m512i hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  for (int d = 0; d < hd; d += 32) {
-    const __m512 a = _mm512_loadu_ps(row + d), b = _mm512_loadu_ps(row + d + 16);
-    _mm512_storeu_ps(row + d, _mm512_permutex2var_ps(a, lo, b));
-    _mm512_storeu_ps(row + d + 16, _mm512_permutex2var_ps(a, hi, b));
+// Where acc element e of a row of hd elements is held (CT: the storage type).
+template <CacheType CT>
+inline int acc_pos(int e, int hd) {
+  const int wide = is_fp8<CT>() ? hd / 64 * 64 : 0;  // elements in 64-element blocks
+  if (e < wide) {
+    const int base = e & ~63, x = e & 63;
+    return base + 16 * ((x & 15) >> 2) + 4 * (x >> 4) + (x & 3);
   }
+  const int base = e & ~31, x = e & 31, l = x >> 3, j = x & 7;
+  return base + (j < 4 ? 4 * l + j : 16 + 4 * l + j - 4);
 }
 
-// The inverse of permute_in.
-inline void permute_out(float* row, int hd) {
-  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  for (int d = 0; d < hd; d += 32) {
-    const __m512 a = _mm512_loadu_ps(row + d), b = _mm512_loadu_ps(row + d + 16);
-    _mm512_storeu_ps(row + d, _mm512_permutex2var_ps(a, lo, b));
-    _mm512_storeu_ps(row + d + 16, _mm512_permutex2var_ps(a, hi, b));
+// Where query element e of a row of hd elements is held.
+template <CacheType CT>
+inline int query_pos(int e, int hd) {
+  const int wide = is_fp8<CT>() ? hd / 64 * 64 : 0;
+  if (e >= wide) return e;
+  const int base = e & ~63, x = e & 63, l = x >> 4, j = x & 15;
+  return base + (j < 8 ? 8 * l + j : 32 + 8 * l + j - 8);
+}
+
+// row[0, hd) from natural order to the acc layout (in) or back (out).
+template <CacheType CT>
+inline void permute_acc(float* row, int hd, bool in) {
+  float tmp[kMaxHeadDim];
+  for (int e = 0; e < hd; ++e) {
+    if (in) {
+      tmp[acc_pos<CT>(e, hd)] = row[e];
+    } else {
+      tmp[e] = row[acc_pos<CT>(e, hd)];
+    }
   }
+  for (int e = 0; e < hd; ++e) row[e] = tmp[e];
 }
 
 // ---- chunks --------------------------------------------------------------------------------
@@ -242,7 +314,22 @@ void tile_scores(const uint16_t* qb, int hd, const Chunk& c, int n, const Chunk*
     }
     __m512 acc[16];
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-    for (int d = 0; d < hd; d += 32) {
+    int d = 0;
+    if constexpr (is_fp8<CT>()) {
+      for (; d + 64 <= hd; d += 64) {  // 64 bytes per load, the query in the matching order
+        for (int j = 0; j < TT; ++j) {
+          __m512i w0, w1;
+          fp8x64_to_bf16<CT>(kp[j] + d, &w0, &w1);
+          for (int r = 0; r < R; ++r) {
+            const __m512bh q0 = as_bh(_mm512_loadu_si512(qb + r * hd + d));
+            const __m512bh q1 = as_bh(_mm512_loadu_si512(qb + r * hd + d + 32));
+            acc[r * TT + j] = _mm512_dpbf16_ps(acc[r * TT + j], q0, as_bh(w0));
+            acc[r * TT + j] = _mm512_dpbf16_ps(acc[r * TT + j], q1, as_bh(w1));
+          }
+        }
+      }
+    }
+    for (; d < hd; d += 32) {
       for (int j = 0; j < TT; ++j) {
         const __m512bh kv = as_bh(load_bf16x32<CT>(kp[j] + d * es));
         for (int r = 0; r < R; ++r) {
@@ -332,6 +419,39 @@ int tile_values(const Chunk& c, int n, const Chunk* next, const uint16_t (*p)[kC
   return d;
 }
 
+// tile_values for fp8 over the 64-element blocks from d0 (acc in their layout): the two tokens'
+// bf16 halves from fp8x64_to_bf16 interleaved by vpunpck{l,h}wd, 4 accumulators per row.
+template <CacheType CT, int R>
+int tile_values_fp8x64(const Chunk& c, int n, const Chunk* next, const uint16_t (*p)[kChunk],
+                       float* acc, int hd, int d0) {
+  const int pf_n = next != nullptr ? imin(n, next->n) : 0;
+  int d = d0;
+  for (; d + 64 <= hd; d += 64) {
+    __m512 o[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 4; ++i) o[r][i] = _mm512_loadu_ps(acc + r * hd + d + 16 * i);
+    for (int t = 0; t < n; t += 2) {
+      for (int u = t; u < t + 2 && u < pf_n; ++u) prefetch_range(next->v[u], d, d + 64);
+      __m512i a0, a1, b0, b1;
+      fp8x64_to_bf16<CT>(c.v[t] + d, &a0, &a1);
+      fp8x64_to_bf16<CT>(c.v[imin(t + 1, n - 1)] + d, &b0, &b1);
+      const __m512bh pv[4] = {as_bh(_mm512_unpacklo_epi16(a0, b0)),
+                              as_bh(_mm512_unpackhi_epi16(a0, b0)),
+                              as_bh(_mm512_unpacklo_epi16(a1, b1)),
+                              as_bh(_mm512_unpackhi_epi16(a1, b1))};
+      for (int r = 0; r < R; ++r) {
+        uint32_t pair;
+        __builtin_memcpy(&pair, p[r] + t, 4);
+        const __m512bh pp = as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
+        for (int i = 0; i < 4; ++i) o[r][i] = _mm512_dpbf16_ps(o[r][i], pv[i], pp);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + r * hd + d + 16 * i, o[r][i]);
+  }
+  return d;
+}
+
 // One register tile of R <= 4 query rows (starting at row0) against one chunk; `next` (the
 // chunk kAhead ahead, or null) is prefetched along the way.
 template <CacheType CT, int R>
@@ -357,8 +477,14 @@ void attend_tile(const AttendTask& task, const uint16_t* qb, int row0, const Chu
                 task.acc + (row0 + r) * hd, hd, p[r]);
   }
   float* acc = task.acc + row0 * hd;
-  // 2 blocks of 32 (16 accumulators at R = 4), then a last block of 32 when hd % 64 == 32.
-  const int d = tile_values<CT, R, 2>(c, n, next, p, acc, hd, 0);
+  // Blocks of 64 (fp8: converted 64 at a time; bf16: 2 blocks of 32; 16 accumulators at
+  // R = 4), then a last block of 32 when hd % 64 == 32.
+  int d = 0;
+  if constexpr (is_fp8<CT>()) {
+    d = tile_values_fp8x64<CT, R>(c, n, next, p, acc, hd, 0);
+  } else {
+    d = tile_values<CT, R, 2>(c, n, next, p, acc, hd, 0);
+  }
   if (d < hd) tile_values<CT, R, 1>(c, n, next, p, acc, hd, d);
 }
 
@@ -413,25 +539,23 @@ void attend_typed(const AttendTask& task, const uint16_t* qb) {
   }
 }
 
-// One slice of <= kMaxRows rows: q to bf16, acc permuted in, the chunk loop, acc permuted out.
+// One slice of <= kMaxRows rows: q to bf16 (in the keys' order), acc permuted in, the chunk
+// loop, acc permuted out.
+template <CacheType CT>
 void attend_slice(const AttendTask& task) {
   const int hd = task.head_dim;
   alignas(64) uint16_t qb[kMaxRows * kMaxHeadDim];
+  alignas(64) float qrow[kMaxHeadDim];
   for (int r = 0; r < task.num_rows; ++r) {
+    for (int e = 0; e < hd; ++e) qrow[query_pos<CT>(e, hd)] = task.q[r * hd + e];
     for (int d = 0; d < hd; d += 32) {
-      const float* q = task.q + r * hd + d;
-      const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 16), _mm512_loadu_ps(q));
+      const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_load_ps(qrow + d + 16), _mm512_load_ps(qrow + d));
       _mm512_storeu_si512(qb + r * hd + d, reinterpret_cast<__m512i>(b));
     }
-    permute_in(task.acc + r * hd, hd);
+    permute_acc<CT>(task.acc + r * hd, hd, true);
   }
-  switch (task.cache_dtype) {
-    case CacheType::kBFloat16: attend_typed<CacheType::kBFloat16>(task, qb); break;
-    case CacheType::kFp8E4M3: attend_typed<CacheType::kFp8E4M3>(task, qb); break;
-    case CacheType::kFp8E5M2: attend_typed<CacheType::kFp8E5M2>(task, qb); break;
-    default: break;  // not reached (attend_task sends the other types to the avx512 engine)
-  }
-  for (int r = 0; r < task.num_rows; ++r) permute_out(task.acc + r * hd, hd);
+  attend_typed<CT>(task, qb);
+  for (int r = 0; r < task.num_rows; ++r) permute_acc<CT>(task.acc + r * hd, hd, false);
 }
 
 // The engine's attend: bf16 / fp8 K/V with head_dim % 32 == 0 here, in slices of kMaxRows
@@ -454,7 +578,11 @@ void attend_task(const AttendTask& task) {
     slice.row_limit = task.row_limit + r0;
     slice.row_max = task.row_max + r0;
     slice.row_sum = task.row_sum + r0;
-    attend_slice(slice);
+    switch (task.cache_dtype) {
+      case CacheType::kBFloat16: attend_slice<CacheType::kBFloat16>(slice); break;
+      case CacheType::kFp8E4M3: attend_slice<CacheType::kFp8E4M3>(slice); break;
+      default: attend_slice<CacheType::kFp8E5M2>(slice); break;  // the three types `ours` has
+    }
   }
 }
 

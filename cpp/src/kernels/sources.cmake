@@ -30,6 +30,6 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64|i[3-6]86)$")
   target_compile_definitions(pagedllm_core PRIVATE PAGEDLLM_HAVE_AVX512_KERNELS)
   target_sources(pagedllm_core PRIVATE ${_pagedllm_kernels_dir}/engine_avx512_bf16.cpp)
   set_source_files_properties(${_pagedllm_kernels_dir}/engine_avx512_bf16.cpp PROPERTIES
-    COMPILE_OPTIONS "-mavx512bf16;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx2;-mfma;-mf16c")
+    COMPILE_OPTIONS "-mavx512bf16;-mavx512vbmi;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx2;-mfma;-mf16c")
   target_compile_definitions(pagedllm_core PRIVATE PAGEDLLM_HAVE_AVX512_BF16_KERNELS)
 endif()
