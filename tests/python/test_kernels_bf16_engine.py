@@ -6,13 +6,14 @@ u_out bound; a case with the query exactly representable and a power-of-two scal
 the probability rounding, a bound about 10x tighter, which catches any element or token
 mix-up. Also: every fp8 byte value (subnormals, the NaN byte), GQA groups 1..40 (more rows than
 the engine converts at once), block sizes 1..256, head_dim 64..256 (and the tails it hands to
-the avx512 engine), long contexts split across threads, prefill, and bad input. Skipped where
-the CPU lacks AVX512_BF16.
+the avx512 engine), long contexts split across threads, prefill, block-sparse decode, and bad
+input. Skipped where the CPU lacks AVX512_BF16 / AVX512_VBMI.
 """
 
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ import torch
 from bf16_dot_reference import bf16_bound
 from cpu_engines import restore, use_engine
 from kernel_reference import FP8_TORCH, UNIT_ROUNDOFF, dequantize, make_paged_kv
+from sparse_kernel_reference import flatten_lists, random_lists, sparse_attention_ref, to_csr
 from pagedllm import _core
 
 ENGINE = "avx512_bf16"
@@ -243,3 +245,36 @@ def test_rounding_error_is_measured_not_assumed():
                                  kv.context_lens, scale, "bf16")
     assert (out - exact).abs().max().item() > 1e-5
     assert rel < 0.25
+
+
+@pytest.mark.parametrize("kv_dtype", ROUNDED)
+@pytest.mark.parametrize("block_size,per_head", [(1, True), (16, False), (16, True), (64, True)])
+def test_block_sparse_decode_within_the_bound(kv_dtype, block_size, per_head):
+    """Block-sparse decode runs this engine over compacted tables: per KV head, the bound of
+    attention over the listed tokens only (its reference equals the masked one)."""
+    rng = random.Random(block_size * 2 + per_head)
+    gen = torch.Generator().manual_seed(block_size)
+    ks, vs = _scales(kv_dtype)
+    lens, heads, kvh, hd = [1, 3 * block_size + 5, 700], 8, 2, 128
+    kv = make_paged_kv(gen, lens, kvh, hd, block_size, kv_dtype, torch.float32, ks, vs)
+    lists = random_lists(rng, lens, kvh, block_size, per_head)
+    indptr, indices = to_csr(flatten_lists(lists, per_head))
+    q = torch.randn((len(lens), heads, hd), generator=gen)
+    out = torch.full_like(q, float("nan"))
+    scale = 1.0 / math.sqrt(hd)
+    _core.paged_attention_decode_sparse(out, q, kv.key_cache, kv.value_cache, kv.block_tables,
+                                        kv.context_lens, indptr, indices, scale, kv_dtype, ks, vs)
+    group = heads // kvh
+    for s, n in enumerate(lens):
+        masked = sparse_attention_ref(q[s:s + 1], kv.k_full[s], kv.v_full[s], scale,
+                                      torch.tensor([n - 1]), lists[s], block_size)
+        for h in range(kvh):
+            tokens = torch.tensor([t for b in lists[s][h] for t in
+                                   range(b * block_size, min(n, (b + 1) * block_size))])
+            rows = slice(h * group, (h + 1) * group)
+            ref, bound = bf16_bound(q[s:s + 1, rows], kv.k_full[s][tokens, h:h + 1],
+                                    kv.v_full[s][tokens, h:h + 1], scale,
+                                    torch.tensor([len(tokens) - 1]), 2.0 ** -24)
+            assert torch.allclose(ref, masked[:, rows], rtol=1e-12, atol=1e-12)
+            err = (out[s:s + 1, rows].double() - ref).abs()
+            assert (err <= bound).all(), (err - bound).max().item()
