@@ -404,9 +404,7 @@ int tile_values(const Chunk& c, int n, const Chunk* next, const uint16_t (*p)[kC
         hi[b] = as_bh(_mm512_unpackhi_epi16(a, bb));
       }
       for (int r = 0; r < R; ++r) {
-        uint32_t pair;
-        __builtin_memcpy(&pair, p[r] + t, 4);
-        const __m512bh pp = as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
+        const __m512bh pp = as_bh(_mm512_broadcastd_epi32(_mm_loadu_si32(p[r] + t)));
         for (int b = 0; b < NB; ++b) {
           o[r][2 * b] = _mm512_dpbf16_ps(o[r][2 * b], lo[b], pp);
           o[r][2 * b + 1] = _mm512_dpbf16_ps(o[r][2 * b + 1], hi[b], pp);
@@ -440,9 +438,7 @@ int tile_values_fp8x64(const Chunk& c, int n, const Chunk* next, const uint16_t 
                               as_bh(_mm512_unpacklo_epi16(a1, b1)),
                               as_bh(_mm512_unpackhi_epi16(a1, b1))};
       for (int r = 0; r < R; ++r) {
-        uint32_t pair;
-        __builtin_memcpy(&pair, p[r] + t, 4);
-        const __m512bh pp = as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
+        const __m512bh pp = as_bh(_mm512_broadcastd_epi32(_mm_loadu_si32(p[r] + t)));
         for (int i = 0; i < 4; ++i) o[r][i] = _mm512_dpbf16_ps(o[r][i], pv[i], pp);
       }
     }
