@@ -232,19 +232,28 @@ def test_bad_input_is_the_same_error_and_leaves_the_engine_usable():
         check(out[s:s + 1], q[s:s + 1], kv, s, scale, torch.tensor([n - 1]), torch.float32)
 
 
-def test_rounding_error_is_measured_not_assumed():
-    """The engine really rounds (errors well above the exact engine's) yet stays below 1/4 of
-    the bound on random data (the bound is a worst case; random errors partly cancel)."""
+def test_rounding_error_is_of_the_order_of_bf16_output_rounding():
+    """The engine really rounds (fp32 activations: errors far above the exact engine's), and
+    what it costs is of the order of rounding the output to bf16: with bf16 activations its
+    error is within 3x of the exact avx512 engine's (measured 1.4x; docs/ARCHITECTURE.md)."""
     gen = torch.Generator().manual_seed(14)
-    kv, q, out, scale = run_decode(gen, [2048] * 2, 32, 8, 128, 16, "bf16")
-    rel = max(check(out[s:s + 1], q[s:s + 1], kv, s, scale, torch.tensor([2047]),
-                    torch.float32) for s in range(2))
-    _core.set_cpu_engine("avx512")
-    exact = torch.full_like(out, float("nan"))
-    _core.paged_attention_decode(exact, q, kv.key_cache, kv.value_cache, kv.block_tables,
-                                 kv.context_lens, scale, "bf16")
-    assert (out - exact).abs().max().item() > 1e-5
-    assert rel < 0.25
+    for act in [torch.float32, torch.bfloat16]:
+        kv, q, out, scale = run_decode(gen, [2048] * 2, 32, 8, 128, 16, "bf16", act)
+        _core.set_cpu_engine("avx512")
+        exact = torch.full_like(out, float("nan"))
+        _core.paged_attention_decode(exact, q, kv.key_cache, kv.value_cache, kv.block_tables,
+                                     kv.context_lens, scale, "bf16")
+        _core.set_cpu_engine(ENGINE)
+        for s in range(2):
+            check(out[s:s + 1], q[s:s + 1], kv, s, scale, torch.tensor([2047]), act)
+        ref = torch.cat([bf16_bound(q[s:s + 1], kv.k_full[s], kv.v_full[s], scale,
+                                    torch.tensor([2047]), 0.0)[0] for s in range(2)])
+        err = (out.double() - ref).abs().max().item()
+        err_exact = (exact.double() - ref).abs().max().item()
+        if act == torch.float32:
+            assert err > 100 * err_exact
+        else:
+            assert err <= 3 * err_exact, (err, err_exact)
 
 
 @pytest.mark.parametrize("kv_dtype", ROUNDED)
