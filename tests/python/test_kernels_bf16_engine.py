@@ -6,8 +6,8 @@ u_out bound; a case with the query exactly representable and a power-of-two scal
 the probability rounding, a bound about 10x tighter, which catches any element or token
 mix-up. Also: every fp8 byte value (subnormals, the NaN byte), GQA groups 1..40 (more rows than
 the engine converts at once), block sizes 1..256, head_dim 64..256 (and the tails it hands to
-the avx512 engine), long contexts split across threads, prefill, block-sparse decode, and bad
-input. Skipped where the CPU lacks AVX512_BF16 / AVX512_VBMI.
+the avx512 engine), long contexts split across threads, prefill, block-sparse decode,
+cross-attention key ranges, and bad input. Skipped where the CPU lacks AVX512_BF16 / AVX512_VBMI.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import torch
 
 from bf16_dot_reference import bf16_bound
 from cpu_engines import restore, use_engine
+from cross_kernel_reference import random_ranges
 from kernel_reference import FP8_TORCH, UNIT_ROUNDOFF, dequantize, make_paged_kv
 from sparse_kernel_reference import flatten_lists, random_lists, sparse_attention_ref, to_csr
-from pagedllm import _core
+from pagedllm import _core, ops
 
 ENGINE = "avx512_bf16"
 ROUNDED = ["bf16", "fp8_e4m3", "fp8_e5m2"]  # the storage types this engine's kernel reads
@@ -287,3 +288,33 @@ def test_block_sparse_decode_within_the_bound(kv_dtype, block_size, per_head):
             assert torch.allclose(ref, masked[:, rows], rtol=1e-12, atol=1e-12)
             err = (out[s:s + 1, rows].double() - ref).abs()
             assert (err <= bound).all(), (err - bound).max().item()
+
+
+@pytest.mark.parametrize("kv_dtype", ROUNDED)
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_cross_attention_key_ranges_within_the_bound(kv_dtype, block_size):
+    """paged_cross_attention's per-token key ranges [lo, hi) (row_start / row_limit): each row
+    within the bound of attention over its range; empty ranges give exact zeros."""
+    rng = random.Random(block_size)
+    gen = torch.Generator().manual_seed(21 + block_size)
+    ks, vs = _scales(kv_dtype)
+    lens, heads, kvh, hd = [300, 40], 8, 2, 128
+    kv = make_paged_kv(gen, lens, kvh, hd, block_size, kv_dtype, torch.float32, ks, vs)
+    ranges = [random_ranges(rng, 9, n) for n in lens]
+    cu = torch.tensor([0, 9, 18], dtype=torch.int32)
+    kv_ranges = torch.tensor([r for rs in ranges for r in rs], dtype=torch.int32)
+    q = torch.randn((18, heads, hd), generator=gen)
+    out = torch.full_like(q, float("nan"))
+    scale = 1.0 / math.sqrt(hd)
+    ops.paged_cross_attention(out, q, kv.key_cache, kv.value_cache, kv.block_tables, cu,
+                              kv.context_lens, kv_ranges, scale, kv_dtype, ks, vs)
+    for s in range(2):
+        for i, (lo, hi) in enumerate(ranges[s]):
+            row = 9 * s + i
+            if lo == hi:
+                assert bool((out[row] == 0).all())
+                continue
+            ref, bound = bf16_bound(q[row:row + 1], kv.k_full[s][lo:hi], kv.v_full[s][lo:hi],
+                                    scale, torch.tensor([hi - lo - 1]), 2.0 ** -24)
+            err = (out[row:row + 1].double() - ref).abs()
+            assert (err <= bound).all(), ((lo, hi), (err - bound).max().item())

@@ -246,11 +246,13 @@ void tile_scores(const uint16_t* qb, int hd, const Chunk& c, int n, const Chunk*
   }
 }
 
-// Online-softmax step of one row: p[0, nw) = bf16(exp(s - m')) (0 at and past `visible`,
-// nw = n rounded up to 16), updates max / sum (of the rounded p) and rescales the row's acc.
-inline void row_softmax(float* s, int visible, int n, float* row_max, float* row_sum, float* acc,
-                        int hd, uint16_t* p) {
+// Online-softmax step of one row: p[0, nw) = bf16(exp(s - m')) (0 before `first` and at and
+// past `visible`, first < visible, nw = n rounded up to 16), updates max / sum (of the rounded
+// p) and rescales the row's acc.
+inline void row_softmax(float* s, int first, int visible, int n, float* row_max, float* row_sum,
+                        float* acc, int hd, uint16_t* p) {
   const int nw = (n + 15) & ~15;
+  for (int t = 0; t < first; ++t) s[t] = kNegInf;
   for (int t = visible; t < nw; ++t) s[t] = kNegInf;
   __m512 mv = _mm512_set1_ps(kNegInf);
   for (int t = 0; t < nw; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(s + t));
@@ -354,23 +356,26 @@ template <CacheType CT, int R>
 void attend_tile(const AttendTask& task, const uint16_t* qb, int row0, const Chunk& c,
                  const Chunk* next) {
   const int hd = task.head_dim;
-  int visible[R];
+  int first[R], visible[R];  // row r sees the chunk's tokens [first[r], visible[r])
   int n = 0;  // tokens any row of the tile sees
   for (int r = 0; r < R; ++r) {
     visible[r] = imax(0, imin(c.n, task.row_limit[row0 + r] - c.pos0));
-    n = imax(n, visible[r]);
+    first[r] = task.row_start == nullptr
+                   ? 0
+                   : imax(0, imin(c.n, task.row_start[row0 + r] - c.pos0));
+    if (first[r] < visible[r]) n = imax(n, visible[r]);
   }
   if (n == 0) return;
   alignas(64) float s[R][kChunk];
   alignas(64) uint16_t p[R][kChunk];
   tile_scores<CT, R>(qb + row0 * hd, hd, c, n, next, s);
   for (int r = 0; r < R; ++r) {
-    if (visible[r] == 0) {
+    if (first[r] >= visible[r]) {
       for (int t = 0; t < n + 1 && t < kChunk; ++t) p[r][t] = 0;
       continue;
     }
-    row_softmax(s[r], visible[r], n, task.row_max + row0 + r, task.row_sum + row0 + r,
-                task.acc + (row0 + r) * hd, hd, p[r]);
+    row_softmax(s[r], first[r], visible[r], n, task.row_max + row0 + r,
+                task.row_sum + row0 + r, task.acc + (row0 + r) * hd, hd, p[r]);
   }
   float* acc = task.acc + row0 * hd;
   // Blocks of 64 (fp8: converted 64 at a time; bf16: 2 blocks of 32; 16 accumulators at
@@ -472,6 +477,7 @@ void attend_task(const AttendTask& task) {
     slice.q = task.q + off;
     slice.acc = task.acc + off;
     slice.row_limit = task.row_limit + r0;
+    slice.row_start = task.row_start != nullptr ? task.row_start + r0 : nullptr;
     slice.row_max = task.row_max + r0;
     slice.row_sum = task.row_sum + r0;
     switch (task.cache_dtype) {
