@@ -8,10 +8,10 @@ out contiguously ([B, H, L, D]; fp8 has no SDPA, so its baseline is SDPA on bf16
 K/V bytes read per second, that as a fraction of the bandwidth measured in the same rounds, and
 SDPA time / kernel time. The machine is shared, so each figure is the best of the rounds (the
 least disturbed measurement: fastest time, highest bandwidth); medians are kept in the JSON.
-Engines: every CPU attention engine this CPU runs (avx512, avx2, generic), forced in turn within
-each round (a bandwidth probe before each), on the target cases 16 x 2k and 1 x 8k, reported as
-the fraction of the best read bandwidth probed in that case's rounds and its distance to the
-target (0.8; fp8 0.6).
+Engines: every CPU attention engine this CPU runs (avx512, avx2, generic, and the opt-in
+avx512_bf16 where it runs), forced in turn within each round (a bandwidth probe before each),
+on the target cases 16 x 2k and 1 x 8k, reported as the fraction of the best read bandwidth
+probed in that case's rounds and its distance to the target (0.8; fp8 0.6).
 Peer: vLLM's CPU decode kernel (`cpu_attention_with_kv_cache`, in the venv of setup_vllm.sh,
 driven as a subprocess: peers/vllm_attention.py) on the same shapes, dtypes and bytes, at
 block 16 (pagedllm's) and 128 (vLLM's CPU default), timed in the same rounds; reported as

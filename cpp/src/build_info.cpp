@@ -40,6 +40,7 @@ CpuFeatures detect() {
   f.avx512dq = zmm && ((b >> 17) & 1u);
   f.avx512bw = zmm && ((b >> 30) & 1u);
   f.avx512vl = zmm && ((b >> 31) & 1u);
+  f.avx512vbmi = zmm && ((c >> 1) & 1u);
   __cpuid_count(7, 1, a, b, c, d);
   f.avx512bf16 = zmm && ((a >> 5) & 1u);
 #endif
@@ -62,6 +63,9 @@ std::vector<std::string> compiled_cpu_kernels() {
 #endif
 #ifdef PAGEDLLM_HAVE_AVX512_KERNELS
   v.emplace_back("avx512");
+#endif
+#ifdef PAGEDLLM_HAVE_AVX512_BF16_KERNELS
+  v.emplace_back("avx512_bf16");
 #endif
   return v;
 }

@@ -162,14 +162,16 @@ void bind_kernels(py::module_& m) {
   m.def("stream_read_sum", &stream_read_sum, py::arg("x"),
         "Sums a contiguous float32 tensor with all pool threads (memory read-bandwidth probe).");
   m.def("cpu_kernel", &k::active_cpu_kernel,
-        "The CPU attention engine in use: 'avx512', 'avx2' or 'generic'.");
+        "The CPU attention engine in use: 'avx512', 'avx2', 'generic' or 'avx512_bf16'.");
   m.def("get_cpu_engine", &k::active_cpu_kernel,
-        "The CPU attention engine in use: 'avx512', 'avx2' or 'generic'.");
+        "The CPU attention engine in use: 'avx512', 'avx2', 'generic' or 'avx512_bf16'.");
   m.def("set_cpu_engine", &k::set_cpu_engine, py::arg("name"),
-        "Uses CPU attention engine `name` ('generic', 'avx2', 'avx512', or 'auto' for the best "
-        "this CPU runs); ValueError if unknown, not compiled in, or not supported by this CPU.");
+        "Uses CPU attention engine `name` ('generic', 'avx2', 'avx512', 'avx512_bf16' (bf16 "
+        "dot products for bf16 / fp8 K/V, opt-in), or 'auto' for the best exact one this CPU "
+        "runs); ValueError if unknown, not compiled in, or not supported by this CPU.");
   m.def("cpu_engines", &k::available_cpu_engines,
-        "The CPU attention engines compiled in that this CPU runs, best first.");
+        "The CPU attention engines compiled in that this CPU runs: the exact ones best first, "
+        "then the opt-in avx512_bf16.");
   m.def("force_generic_kernels", &k::force_generic_kernels, py::arg("on"),
         "Forces the portable attention kernel (True) or the best one for this CPU (False).");
 }

@@ -199,14 +199,16 @@ def get_num_threads() -> int: ...
 def stream_read_sum(x: Tensor) -> float:
     """Sum of a contiguous float32 tensor, read once by all pool threads (bandwidth probe)."""
 def cpu_kernel() -> str:
-    """The attention engine in use: "avx512", "avx2" or "generic"."""
+    """The attention engine in use: "avx512", "avx2", "generic" or "avx512_bf16"."""
 def get_cpu_engine() -> str:
     """The attention engine in use (same as cpu_kernel())."""
 def set_cpu_engine(name: str) -> None:
-    """Uses attention engine `name` ("generic", "avx2", "avx512"; "auto" = the best this CPU
-    runs). ValueError for an unknown name, one not compiled in, or one this CPU lacks. The
-    initial choice is PAGEDLLM_CPU_ENGINE (read at the first kernel call) or "auto"."""
+    """Uses attention engine `name` ("generic", "avx2", "avx512", "avx512_bf16" (opt-in: bf16
+    dot products for bf16 / fp8 K/V); "auto" = the best exact one this CPU runs). ValueError
+    for an unknown name, one not compiled in, or one this CPU lacks. The initial choice is
+    PAGEDLLM_CPU_ENGINE (read at the first kernel call) or "auto"."""
 def cpu_engines() -> list[str]:
-    """The attention engines compiled in that this CPU runs, best first."""
+    """The attention engines compiled in that this CPU runs: the exact ones best first, then
+    the opt-in avx512_bf16."""
 def force_generic_kernels(on: bool) -> None:
     """Forces the portable kernel (tests, benchmarks) or restores the best one (False)."""

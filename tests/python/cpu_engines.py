@@ -1,8 +1,11 @@
 """The CPU attention engines, for tests that run once per engine.
 
-ENGINES lists every engine pagedllm can compile, best first. use_engine(name) makes the kernel
-calls use it, or skips the test with the reason it cannot run here (not compiled for this
-platform, or this CPU lacks its instructions); restore() goes back to the default choice.
+ENGINES lists every exact engine pagedllm can compile, best first (the float64-reference tests
+with the exact engines' error bound run on each); OPT_IN_ENGINES the ones "auto" never picks
+because they round the query and probabilities to bf16 (tested at their own bound in
+test_kernels_bf16_engine.py). use_engine(name) makes the kernel calls use it, or skips the test
+with the reason it cannot run here (not compiled for this platform, or this CPU lacks its
+instructions); restore() goes back to the default choice.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import pytest
 from pagedllm import _core
 
 ENGINES = ["avx512", "avx2", "generic"]
+OPT_IN_ENGINES = ["avx512_bf16"]
 
 
 def use_engine(name: str) -> None:

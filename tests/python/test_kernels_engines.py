@@ -11,7 +11,7 @@ import pytest
 
 import pagedllm
 
-from cpu_engines import ENGINES, restore
+from cpu_engines import ENGINES, OPT_IN_ENGINES, restore
 from pagedllm import _core
 
 # The pagedllm this test imports (the installed wheel in CI, the source tree in development).
@@ -20,8 +20,9 @@ PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(pagedllm.__file__))
 
 def test_default_is_the_best_available():
     available = _core.cpu_engines()
-    assert available[-1] == "generic"
-    assert available == [e for e in ENGINES if e in available]  # best first
+    exact = [e for e in available if e not in OPT_IN_ENGINES]
+    assert exact[-1] == "generic"
+    assert available == [e for e in ENGINES + OPT_IN_ENGINES if e in available]  # best first
     assert set(available) <= set(_core.build_info()["cpu_kernels_compiled"])
     restore()
     assert _core.get_cpu_engine() == available[0] == _core.cpu_kernel()
@@ -43,7 +44,7 @@ def test_unknown_or_unavailable_engine_is_a_clear_error():
     before = _core.get_cpu_engine()
     with pytest.raises(ValueError, match="unknown CPU engine 'sse9'"):
         _core.set_cpu_engine("sse9")
-    for name in ENGINES:
+    for name in ENGINES + OPT_IN_ENGINES:
         if name not in _core.cpu_engines():
             with pytest.raises(ValueError, match=name):
                 _core.set_cpu_engine(name)
@@ -55,6 +56,15 @@ def test_avx512_needs_its_features():
     has = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= features
     if "avx512" in _core.build_info()["cpu_kernels_compiled"]:
         assert ("avx512" in _core.cpu_engines()) == has
+
+
+def test_avx512_bf16_needs_its_features_and_is_opt_in():
+    features = set(_core.build_info()["cpu_features"])
+    has = {"avx512bf16", "avx512vbmi", "avx512f", "avx512bw", "avx512vl", "avx512dq"} <= features
+    if "avx512_bf16" in _core.build_info()["cpu_kernels_compiled"]:
+        assert ("avx512_bf16" in _core.cpu_engines()) == has
+    restore()
+    assert _core.get_cpu_engine() != "avx512_bf16"  # "auto" keeps the exact engines
 
 
 def run_with_env(value: str) -> subprocess.CompletedProcess:

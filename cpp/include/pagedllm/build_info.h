@@ -17,6 +17,7 @@ struct CpuFeatures {
   bool avx512vl = false;
   bool avx512dq = false;
   bool avx512bf16 = false;
+  bool avx512vbmi = false;
 };
 
 // Features of the CPU this process runs on, each only if the OS also saves the registers it

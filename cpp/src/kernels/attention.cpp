@@ -45,6 +45,9 @@ const EngineOps* compiled_engine(const std::string& name) {
 #ifdef PAGEDLLM_HAVE_AVX512_KERNELS
   if (name == "avx512") return &avx512_engine();
 #endif
+#ifdef PAGEDLLM_HAVE_AVX512_BF16_KERNELS
+  if (name == "avx512_bf16") return &avx512_bf16_engine();
+#endif
   return nullptr;
 }
 
@@ -53,31 +56,40 @@ bool cpu_runs(const std::string& name) {
   const CpuFeatures& f = cpu_features();
   const bool avx2 = f.avx2 && f.fma && f.f16c;
   if (name == "avx2") return avx2;
-  if (name == "avx512") return avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+  const bool avx512 = avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+  if (name == "avx512") return avx512;
+  if (name == "avx512_bf16") return avx512 && f.avx512bf16 && f.avx512vbmi;
   return name == "generic";
 }
 
-constexpr const char* kEngineNames[] = {"avx512", "avx2", "generic"};  // best first
+// The exact engines, best first ("auto" takes the first this CPU runs), then the opt-in ones
+// that round the query and probabilities to bf16 (avx512_bf16: engine_avx512_bf16.cpp).
+constexpr const char* kEngineNames[] = {"avx512", "avx2", "generic", "avx512_bf16"};
+constexpr int kExactEngines = 3;
 
 // The engine `name`, or a pagedllm::Error naming what is wrong (`what`: where the name came from).
 const EngineOps& checked_engine(const std::string& name, const char* what) {
-  const bool known = name == "generic" || name == "avx2" || name == "avx512";
+  const bool known = name == "generic" || name == "avx2" || name == "avx512" ||
+                     name == "avx512_bf16";
   PAGEDLLM_CHECK_ARG(known, what << ": unknown CPU engine '" << name
-                                 << "' (expected auto, generic, avx2 or avx512)");
+                                 << "' (expected auto, generic, avx2, avx512 or avx512_bf16)");
   const EngineOps* ops = compiled_engine(name);
   PAGEDLLM_CHECK_ARG(ops != nullptr, what << ": CPU engine '" << name
                                           << "' is not compiled into this build (x86 only)");
   PAGEDLLM_CHECK_ARG(cpu_runs(name),
                      what << ": CPU engine '" << name << "' needs "
-                          << (name == "avx2" ? "AVX2, FMA and F16C"
-                                             : "AVX-512 F/BW/VL/DQ (and AVX2, FMA, F16C)")
+                          << (name == "avx2"     ? "AVX2, FMA and F16C"
+                              : name == "avx512" ? "AVX-512 F/BW/VL/DQ (and AVX2, FMA, F16C)"
+                                                 : "AVX512_BF16, AVX512_VBMI and AVX-512 "
+                                                   "F/BW/VL/DQ (and AVX2, FMA, F16C)")
                           << ", which this CPU (or its OS) does not provide");
   return *ops;
 }
 
-// The best engine compiled in that this CPU runs.
+// The best exact engine compiled in that this CPU runs.
 const EngineOps& best_engine() {
-  for (const char* name : kEngineNames) {
+  for (int i = 0; i < kExactEngines; ++i) {
+    const char* name = kEngineNames[i];
     const EngineOps* ops = compiled_engine(name);
     if (ops != nullptr && cpu_runs(name)) return *ops;
   }

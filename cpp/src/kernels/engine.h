@@ -77,5 +77,8 @@ const EngineOps& generic_engine();
 const EngineOps& avx2_engine();
 // The AVX-512 F/BW/VL/DQ engine; only when PAGEDLLM_HAVE_AVX512_KERNELS is defined.
 const EngineOps& avx512_engine();
+// The avx512 engine with bf16 dot-product decode for bf16 / fp8 K/V (engine_avx512_bf16.cpp):
+// needs AVX512_BF16 and AVX512_VBMI too; only when PAGEDLLM_HAVE_AVX512_BF16_KERNELS is defined.
+const EngineOps& avx512_bf16_engine();
 
 }  // namespace pagedllm::kernels

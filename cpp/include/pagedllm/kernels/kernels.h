@@ -76,17 +76,19 @@ bool parse_kv_cache_dtype(const std::string& name, CacheType* out);
 const char* cache_type_name(CacheType t);
 const char* scalar_type_name(ScalarType t);
 
-// The attention engine the calls dispatch to: "avx512", "avx2" or "generic". By default the
-// best one compiled in that this CPU runs; the environment variable PAGEDLLM_CPU_ENGINE
-// (read at the first call) or set_cpu_engine() choose another.
+// The attention engine the calls dispatch to: "avx512", "avx2", "generic" or "avx512_bf16". By
+// default the best exact one compiled in that this CPU runs (never avx512_bf16, which rounds
+// the query and probabilities to bf16 for bf16 / fp8 K/V); the environment variable
+// PAGEDLLM_CPU_ENGINE (read at the first call) or set_cpu_engine() choose another.
 std::string active_cpu_kernel();
 
-// Makes the calls use engine `name` ("generic", "avx2", "avx512"; "auto" = the best this CPU
-// runs). Throws pagedllm::Error (invalid argument) for an unknown name, an engine not compiled
+// Makes the calls use engine `name` ("generic", "avx2", "avx512", "avx512_bf16"; "auto" = the
+// best exact one this CPU runs). Throws pagedllm::Error (invalid argument) for an unknown name, an engine not compiled
 // in, or one whose instructions this CPU lacks; the choice is then unchanged.
 void set_cpu_engine(const std::string& name);
 
-// The engines compiled in that this CPU runs, best first (always ends with "generic").
+// The engines compiled in that this CPU runs: the exact ones best first (ending with
+// "generic"), then the opt-in avx512_bf16 where it runs.
 std::vector<std::string> available_cpu_engines();
 
 // Forces the portable engine (true) or the best one for this CPU (false): set_cpu_engine

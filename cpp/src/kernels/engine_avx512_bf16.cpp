@@ -1,0 +1,506 @@
+// The "avx512_bf16" CPU engine: the avx512 engine, except that attention over bf16 and fp8 K/V
+// (head_dim a multiple of 32) runs a kernel whose q.k and p.v products are AVX512_BF16 dot
+// products: vdpbf16ps adds two bf16 x bf16 products into each fp32 lane per instruction, so a
+// bf16 key row is used as loaded (no widening) and the multiply-adds per byte halve.
+// fp8 bytes become bf16 in the loads, exactly, by two vpermi2b table lookups per 64 bytes.
+// This file is compiled with -mavx512bf16 -mavx512vbmi plus the avx512 engine's flags and is
+// only called after a run-time CPU check (attention.cpp). Like engine_impl.h it uses no
+// standard-library code (no ODR hazard with the other compilations).
+//
+// Numerics (docs/ARCHITECTURE.md, "bf16 dot-product decode"):
+// - the query rows (softmax scale folded in) are rounded to bf16 once per task: each score
+//   gains an error of at most u * sum_d |q_d k_d|, u = 2^-8 the bf16 unit roundoff;
+// - the probabilities are rounded to bf16 for p.v and the running sum adds the rounded values,
+//   so the output weights still sum to 1 and each is within 2u of its exact value;
+// - the products are exact in fp32 and the sums fp32 (vdpbf16ps flushes fp32 denormals and
+//   reads bf16 denormals as 0: the fp8 conversions below never produce bf16 denormals);
+// - fp32 and fp16 K/V, and other head sizes, go to the avx512 engine unchanged (exact).
+//
+// Loop structure of one task, as in engine_impl.h: chunks of up to kChunk tokens whose row
+// addresses are gathered first, the chunk kAhead ahead prefetched slice by slice while the
+// current one computes; per chunk, register tiles of up to 4 query rows:
+//   scores  s[r][t] = q_r . k_t  (R rows x TT tokens <= 16 accumulators, one reduction)
+//   softmax m' = max(m, max_t s), p = bf16(exp(s - m')), l = l e^(m - m') + sum p, acc *= ...
+//   values  acc_r += sum_t p[r][t] v_t, two tokens per vdpbf16ps: the V rows of a token pair
+//           interleaved by vpunpck{l,h}wd, which leaves acc in a permuted order within blocks
+//           of 32 or 64 elements (permuted in at the task's start and back at its end).
+#define PAGEDLLM_ISA_SPECIFIC_TU 1
+
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() and warn about it when inlined
+// into loops (GCC bug 105593, a false positive).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "engine.h"
+#include "fp8_bf16_avx512.h"
+
+namespace pagedllm::kernels {
+namespace avx512_bf16_engine_ns {
+namespace {
+
+constexpr int kChunk = 128;      // most tokens per chunk (array sizes)
+constexpr int kTile = 4;         // query rows per register tile
+constexpr int kMaxRows = 32;     // query rows converted to bf16 at once (larger tasks: slices)
+constexpr int kMaxHeadDim = 512;
+constexpr int kAhead = 2;        // chunks prefetched ahead (as engine_impl.h)
+constexpr float kNegInf = -__builtin_inff();
+
+inline int imin(int a, int b) { return a < b ? a : b; }
+inline int imax(int a, int b) { return a > b ? a : b; }
+
+inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
+
+template <CacheType CT>
+constexpr int elem_size() {
+  return CT == CacheType::kBFloat16 ? 2 : 1;
+}
+
+// Tokens per chunk: 128 bytes of each head_dim element per chunk (64 bf16, 128 fp8 tokens).
+template <CacheType CT>
+constexpr int chunk_tokens() {
+  return 128 / elem_size<CT>();
+}
+
+// ---- float helpers (the avx512 engine's, same results) -------------------------------------
+
+// exp(x): x = n ln2 + r, e^r by its degree-7 Taylor polynomial, 2^n through the exponent bits;
+// below -87.3 (and -inf) gives 0.
+inline __m512 vexp(__m512 x) {
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow),
+                             _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+}
+
+// out[i] = sum of the lanes of a[i] for 8 vectors: halves added, then a transposing hadd tree.
+inline void vsum8(const __m512* a, float* out) {
+  __m256 h[8];
+  for (int i = 0; i < 8; ++i) {
+    h[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[i]), 1)));
+  }
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(h[4], h[5]), _mm256_hadd_ps(h[6], h[7]));
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                                      _mm256_permute2f128_ps(u0, u1, 0x31)));
+}
+
+// ---- the permuted layouts -------------------------------------------------------------------
+//
+// p.v interleaves two tokens' rows with vpunpck{l,h}wd, so acc rows are held permuted within
+// blocks of elements, and fp8 keys come out of fp8x64_to_bf16 permuted, so the bf16 query is
+// stored in the same order (the dot product does not care about the order, only that both
+// agree). Rows are permuted in at a task's start and back at its end (scalar: a few hundred
+// elements per task).
+// - 32-element blocks (bf16; fp8's last block when head_dim % 64 == 32): element 8 L + j of the
+//   block sits at 4 L + j (j < 4, the vpunpcklwd vector) or 16 + 4 L + j - 4 (vpunpckhwd);
+// - 64-element blocks (fp8): element 16 L + 4 k + i of the block sits at 16 k + 4 L + i (k-th
+//   of the four vpunpck{l,h}wd vectors of the two vpunpck{l,h}bw halves), and the query's
+//   element 16 L + j at 8 L + j (j < 8) or 32 + 8 L + j - 8.
+
+// Where acc element e of a row of hd elements is held (CT: the storage type).
+template <CacheType CT>
+inline int acc_pos(int e, int hd) {
+  const int wide = is_fp8<CT>() ? hd / 64 * 64 : 0;  // elements in 64-element blocks
+  if (e < wide) {
+    const int base = e & ~63, x = e & 63;
+    return base + 16 * ((x & 15) >> 2) + 4 * (x >> 4) + (x & 3);
+  }
+  const int base = e & ~31, x = e & 31, l = x >> 3, j = x & 7;
+  return base + (j < 4 ? 4 * l + j : 16 + 4 * l + j - 4);
+}
+
+// Where query element e of a row of hd elements is held.
+template <CacheType CT>
+inline int query_pos(int e, int hd) {
+  const int wide = is_fp8<CT>() ? hd / 64 * 64 : 0;
+  if (e >= wide) return e;
+  const int base = e & ~63, x = e & 63, l = x >> 4, j = x & 15;
+  return base + (j < 8 ? 8 * l + j : 32 + 8 * l + j - 8);
+}
+
+// row[0, hd) from natural order to the acc layout (in) or back (out).
+template <CacheType CT>
+inline void permute_acc(float* row, int hd, bool in) {
+  float tmp[kMaxHeadDim];
+  for (int e = 0; e < hd; ++e) {
+    if (in) {
+      tmp[acc_pos<CT>(e, hd)] = row[e];
+    } else {
+      tmp[e] = row[acc_pos<CT>(e, hd)];
+    }
+  }
+  for (int e = 0; e < hd; ++e) row[e] = tmp[e];
+}
+
+// ---- chunks --------------------------------------------------------------------------------
+
+// Row addresses of the tokens of one chunk.
+struct Chunk {
+  const uint8_t* k[kChunk];
+  const uint8_t* v[kChunk];
+  int pos0;  // position of the chunk's first token in its sequence
+  int n;     // tokens in the chunk
+};
+
+// Prefetches (into L2) the lines starting inside the byte range [b0, b1) of `row`.
+inline void prefetch_range(const uint8_t* row, int b0, int b1) {
+  for (int b = (b0 + 63) & ~63; b < b1; b += 64) __builtin_prefetch(row + b, 0, 2);
+}
+
+// Gathers the row addresses of the tokens [pos0, pos0 + n) of the task's sequence.
+template <CacheType CT>
+void gather_chunk(const AttendTask& task, int pos0, int n, Chunk* c) {
+  const int64_t token_bytes = static_cast<int64_t>(task.head_dim) * elem_size<CT>();
+  c->pos0 = pos0;
+  c->n = n;
+  int block = pos0 / task.block_size;
+  int offset = pos0 - block * task.block_size;
+  for (int i = 0; i < n; ++i) {
+    const int64_t id = task.block_table[block];
+    c->k[i] = task.key_head + id * task.key_block_stride_bytes + offset * token_bytes;
+    c->v[i] = task.value_head + id * task.value_block_stride_bytes + offset * token_bytes;
+    if (++offset == task.block_size) {
+      offset = 0;
+      ++block;
+    }
+  }
+}
+
+// Asks for every line of a chunk's K and V rows at once.
+template <CacheType CT>
+void prefetch_chunk(const Chunk& c, int head_dim) {
+  const int token_bytes = head_dim * elem_size<CT>();
+  for (int i = 0; i < c.n; ++i) {
+    prefetch_range(c.k[i], 0, token_bytes);
+    prefetch_range(c.v[i], 0, token_bytes);
+  }
+}
+
+// ---- one register tile ---------------------------------------------------------------------
+
+// s[r][t] = q_r . k_t for the R bf16 query rows qb ([R, hd]) and t < n; prefetches the K rows
+// of the chunk ahead when `next` is set.
+template <CacheType CT, int R>
+void tile_scores(const uint16_t* qb, int hd, const Chunk& c, int n, const Chunk* next,
+                 float (*s)[kChunk]) {
+  constexpr int TT = 16 / R;  // tokens per pass: R x TT <= 16 accumulators
+  constexpr int es = elem_size<CT>();
+  for (int t0 = 0; t0 < n; t0 += TT) {
+    const uint8_t* kp[TT];
+    for (int j = 0; j < TT; ++j) kp[j] = c.k[imin(t0 + j, n - 1)];  // tail: repeat, then drop
+    if (next != nullptr) {
+      for (int j = 0; j < TT && t0 + j < next->n; ++j) prefetch_range(next->k[t0 + j], 0, hd * es);
+    }
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+    int d = 0;
+    if constexpr (is_fp8<CT>()) {
+      for (; d + 64 <= hd; d += 64) {  // 64 bytes per load, the query in the matching order
+        for (int j = 0; j < TT; ++j) {
+          __m512i w0, w1;
+          fp8x64_to_bf16<CT>(kp[j] + d, &w0, &w1);
+          for (int r = 0; r < R; ++r) {
+            const __m512bh q0 = as_bh(_mm512_loadu_si512(qb + r * hd + d));
+            const __m512bh q1 = as_bh(_mm512_loadu_si512(qb + r * hd + d + 32));
+            acc[r * TT + j] = _mm512_dpbf16_ps(acc[r * TT + j], q0, as_bh(w0));
+            acc[r * TT + j] = _mm512_dpbf16_ps(acc[r * TT + j], q1, as_bh(w1));
+          }
+        }
+      }
+    }
+    for (; d < hd; d += 32) {
+      for (int j = 0; j < TT; ++j) {
+        const __m512bh kv = as_bh(load_bf16x32<CT>(kp[j] + d * es));
+        for (int r = 0; r < R; ++r) {
+          const __m512bh qv = as_bh(_mm512_loadu_si512(qb + r * hd + d));
+          acc[r * TT + j] = _mm512_dpbf16_ps(acc[r * TT + j], qv, kv);
+        }
+      }
+    }
+    alignas(64) float sums[16];
+    vsum8(acc, sums);
+    vsum8(acc + 8, sums + 8);
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < TT && t0 + j < n; ++j) s[r][t0 + j] = sums[r * TT + j];
+  }
+}
+
+// Online-softmax step of one row: p[0, nw) = bf16(exp(s - m')) (0 before `first` and at and
+// past `visible`, first < visible, nw = n rounded up to 16), updates max / sum (of the rounded
+// p) and rescales the row's acc.
+inline void row_softmax(float* s, int first, int visible, int n, float* row_max, float* row_sum,
+                        float* acc, int hd, uint16_t* p) {
+  const int nw = (n + 15) & ~15;
+  for (int t = 0; t < first; ++t) s[t] = kNegInf;
+  for (int t = visible; t < nw; ++t) s[t] = kNegInf;
+  __m512 mv = _mm512_set1_ps(kNegInf);
+  for (int t = 0; t < nw; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(s + t));
+  const float m_old = *row_max;
+  const float m_blk = _mm512_reduce_max_ps(mv);
+  const float m_new = m_old > m_blk ? m_old : m_blk;
+  const __m512 shift = _mm512_set1_ps(-m_new);
+  __m512 sumv = _mm512_setzero_ps();
+  for (int t = 0; t < nw; t += 16) {
+    const __m256i pb = reinterpret_cast<__m256i>(
+        _mm512_cvtneps_pbh(vexp(_mm512_add_ps(_mm512_loadu_ps(s + t), shift))));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + t), pb);
+    const __m512 rounded = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(pb), 16));
+    sumv = _mm512_add_ps(sumv, rounded);
+  }
+  alignas(64) float alphas[16];
+  _mm512_store_ps(alphas, vexp(_mm512_set1_ps(m_old - m_new)));
+  const float alpha = m_old == kNegInf ? 0.0f : alphas[0];
+  *row_sum = *row_sum * alpha + _mm512_reduce_add_ps(sumv);
+  *row_max = m_new;
+  if (alpha != 1.0f) {
+    const __m512 av = _mm512_set1_ps(alpha);
+    for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), av));
+  }
+}
+
+// acc_r[d, d + 32 * NB) += sum_t p[r][t] v_t over the same elements for the R rows (acc in the
+// permuted layout), for every d0 <= d < d1 in steps of 32 * NB; two tokens per vdpbf16ps (n
+// odd: the last pair's second row repeats the first with p = 0). Prefetches the same bytes of
+// the chunk ahead's V rows when `next` is set. Returns the first d not done.
+template <CacheType CT, int R, int NB>
+int tile_values(const Chunk& c, int n, const Chunk* next, const uint16_t (*p)[kChunk], float* acc,
+                int hd, int d0) {
+  constexpr int es = elem_size<CT>();
+  const int pf_n = next != nullptr ? imin(n, next->n) : 0;
+  int d = d0;
+  for (; d + 32 * NB <= hd; d += 32 * NB) {
+    __m512 o[R][2 * NB];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 2 * NB; ++i) o[r][i] = _mm512_loadu_ps(acc + r * hd + d + 16 * i);
+    for (int t = 0; t < n; t += 2) {
+      const uint8_t* va = c.v[t];
+      const uint8_t* vb = c.v[imin(t + 1, n - 1)];
+      for (int u = t; u < t + 2 && u < pf_n; ++u)
+        prefetch_range(next->v[u], d * es, (d + 32 * NB) * es);
+      __m512bh lo[NB], hi[NB];
+      for (int b = 0; b < NB; ++b) {
+        const __m512i a = load_bf16x32<CT>(va + (d + 32 * b) * es);
+        const __m512i bb = load_bf16x32<CT>(vb + (d + 32 * b) * es);
+        lo[b] = as_bh(_mm512_unpacklo_epi16(a, bb));
+        hi[b] = as_bh(_mm512_unpackhi_epi16(a, bb));
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512bh pp = as_bh(_mm512_broadcastd_epi32(_mm_loadu_si32(p[r] + t)));
+        for (int b = 0; b < NB; ++b) {
+          o[r][2 * b] = _mm512_dpbf16_ps(o[r][2 * b], lo[b], pp);
+          o[r][2 * b + 1] = _mm512_dpbf16_ps(o[r][2 * b + 1], hi[b], pp);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 2 * NB; ++i) _mm512_storeu_ps(acc + r * hd + d + 16 * i, o[r][i]);
+  }
+  return d;
+}
+
+// tile_values for fp8 over the 64-element blocks from d0 (acc in their layout): the two tokens'
+// bf16 halves from fp8x64_to_bf16 interleaved by vpunpck{l,h}wd, 4 accumulators per row.
+template <CacheType CT, int R>
+int tile_values_fp8x64(const Chunk& c, int n, const Chunk* next, const uint16_t (*p)[kChunk],
+                       float* acc, int hd, int d0) {
+  const int pf_n = next != nullptr ? imin(n, next->n) : 0;
+  int d = d0;
+  for (; d + 64 <= hd; d += 64) {
+    __m512 o[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 4; ++i) o[r][i] = _mm512_loadu_ps(acc + r * hd + d + 16 * i);
+    for (int t = 0; t < n; t += 2) {
+      for (int u = t; u < t + 2 && u < pf_n; ++u) prefetch_range(next->v[u], d, d + 64);
+      __m512i a0, a1, b0, b1;
+      fp8x64_to_bf16<CT>(c.v[t] + d, &a0, &a1);
+      fp8x64_to_bf16<CT>(c.v[imin(t + 1, n - 1)] + d, &b0, &b1);
+      const __m512bh pv[4] = {as_bh(_mm512_unpacklo_epi16(a0, b0)),
+                              as_bh(_mm512_unpackhi_epi16(a0, b0)),
+                              as_bh(_mm512_unpacklo_epi16(a1, b1)),
+                              as_bh(_mm512_unpackhi_epi16(a1, b1))};
+      for (int r = 0; r < R; ++r) {
+        const __m512bh pp = as_bh(_mm512_broadcastd_epi32(_mm_loadu_si32(p[r] + t)));
+        for (int i = 0; i < 4; ++i) o[r][i] = _mm512_dpbf16_ps(o[r][i], pv[i], pp);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + r * hd + d + 16 * i, o[r][i]);
+  }
+  return d;
+}
+
+// One register tile of R <= 4 query rows (starting at row0) against one chunk; `next` (the
+// chunk kAhead ahead, or null) is prefetched along the way.
+template <CacheType CT, int R>
+void attend_tile(const AttendTask& task, const uint16_t* qb, int row0, const Chunk& c,
+                 const Chunk* next) {
+  const int hd = task.head_dim;
+  int first[R], visible[R];  // row r sees the chunk's tokens [first[r], visible[r])
+  int n = 0;  // tokens any row of the tile sees
+  for (int r = 0; r < R; ++r) {
+    visible[r] = imax(0, imin(c.n, task.row_limit[row0 + r] - c.pos0));
+    first[r] = task.row_start == nullptr
+                   ? 0
+                   : imax(0, imin(c.n, task.row_start[row0 + r] - c.pos0));
+    if (first[r] < visible[r]) n = imax(n, visible[r]);
+  }
+  if (n == 0) return;
+  alignas(64) float s[R][kChunk];
+  alignas(64) uint16_t p[R][kChunk];
+  tile_scores<CT, R>(qb + row0 * hd, hd, c, n, next, s);
+  for (int r = 0; r < R; ++r) {
+    if (first[r] >= visible[r]) {
+      for (int t = 0; t < n + 1 && t < kChunk; ++t) p[r][t] = 0;
+      continue;
+    }
+    row_softmax(s[r], first[r], visible[r], n, task.row_max + row0 + r,
+                task.row_sum + row0 + r, task.acc + (row0 + r) * hd, hd, p[r]);
+  }
+  float* acc = task.acc + row0 * hd;
+  // Blocks of 64 (fp8: converted 64 at a time; bf16: 2 blocks of 32; 16 accumulators at
+  // R = 4), then a last block of 32 when hd % 64 == 32.
+  int d = 0;
+  if constexpr (is_fp8<CT>()) {
+    d = tile_values_fp8x64<CT, R>(c, n, next, p, acc, hd, 0);
+  } else {
+    d = tile_values<CT, R, 2>(c, n, next, p, acc, hd, 0);
+  }
+  if (d < hd) tile_values<CT, R, 1>(c, n, next, p, acc, hd, d);
+}
+
+template <CacheType CT>
+void attend_rows(const AttendTask& task, const uint16_t* qb, int row0, int rows, const Chunk& c,
+                 const Chunk* next) {
+  switch (rows) {
+    case 1: attend_tile<CT, 1>(task, qb, row0, c, next); return;
+    case 2: attend_tile<CT, 2>(task, qb, row0, c, next); return;
+    case 3: attend_tile<CT, 3>(task, qb, row0, c, next); return;
+    default: attend_tile<CT, 4>(task, qb, row0, c, next); return;
+  }
+}
+
+// The task (<= kMaxRows rows, acc in the permuted layout, qb its rows in bf16) over its range.
+template <CacheType CT>
+void attend_typed(const AttendTask& task, const uint16_t* qb) {
+  int limit = 0;
+  for (int r = 0; r < task.num_rows; ++r) limit = imax(limit, task.row_limit[r]);
+  const int end = imin(task.token_end, limit);
+  if (task.token_begin >= end) return;
+  int first_limit = 0;  // the furthest token the first register tile reads
+  for (int r = 0; r < imin(kTile, task.num_rows); ++r)
+    first_limit = imax(first_limit, task.row_limit[r]);
+  constexpr int kTokens = chunk_tokens<CT>();
+  constexpr int kRing = kAhead + 1;
+  Chunk chunks[kRing];
+  int pos = task.token_begin;  // the first token not yet gathered
+  for (int i = 0; i < kAhead && pos < end; ++i) {  // the first chunks: requested at once
+    gather_chunk<CT>(task, pos, imin(kTokens, end - pos), &chunks[i]);
+    prefetch_chunk<CT>(chunks[i], task.head_dim);
+    pos += chunks[i].n;
+  }
+  for (int i = 0;; ++i) {
+    const Chunk& c = chunks[i % kRing];
+    const Chunk* ahead = nullptr;
+    if (pos < end) {
+      Chunk* a = &chunks[(i + kAhead) % kRing];
+      gather_chunk<CT>(task, pos, imin(kTokens, end - pos), a);
+      pos += a->n;
+      ahead = a;
+      if (first_limit < c.pos0 + c.n) {  // the first tile stops short of c: request at once
+        prefetch_chunk<CT>(*a, task.head_dim);
+        ahead = nullptr;
+      }
+    }
+    for (int row0 = 0; row0 < task.num_rows; row0 += kTile) {
+      attend_rows<CT>(task, qb, row0, imin(kTile, task.num_rows - row0), c,
+                      row0 == 0 ? ahead : nullptr);
+    }
+    if (c.pos0 + c.n >= end) break;
+  }
+}
+
+// One slice of <= kMaxRows rows: q to bf16 (in the keys' order), acc permuted in, the chunk
+// loop, acc permuted out.
+template <CacheType CT>
+void attend_slice(const AttendTask& task) {
+  const int hd = task.head_dim;
+  alignas(64) uint16_t qb[kMaxRows * kMaxHeadDim];
+  alignas(64) float qrow[kMaxHeadDim];
+  for (int r = 0; r < task.num_rows; ++r) {
+    for (int e = 0; e < hd; ++e) qrow[query_pos<CT>(e, hd)] = task.q[r * hd + e];
+    for (int d = 0; d < hd; d += 32) {
+      const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_load_ps(qrow + d + 16), _mm512_load_ps(qrow + d));
+      _mm512_storeu_si512(qb + r * hd + d, reinterpret_cast<__m512i>(b));
+    }
+    permute_acc<CT>(task.acc + r * hd, hd, true);
+  }
+  attend_typed<CT>(task, qb);
+  for (int r = 0; r < task.num_rows; ++r) permute_acc<CT>(task.acc + r * hd, hd, false);
+}
+
+// The engine's attend: bf16 / fp8 K/V with head_dim % 32 == 0 here, in slices of kMaxRows
+// rows; everything else through the avx512 engine.
+void attend_task(const AttendTask& task) {
+  const bool ours = (task.cache_dtype == CacheType::kBFloat16 ||
+                     task.cache_dtype == CacheType::kFp8E4M3 ||
+                     task.cache_dtype == CacheType::kFp8E5M2) &&
+                    task.head_dim % 32 == 0 && task.head_dim <= kMaxHeadDim;
+  if (!ours) {
+    avx512_engine().attend(task);
+    return;
+  }
+  for (int r0 = 0; r0 < task.num_rows; r0 += kMaxRows) {
+    AttendTask slice = task;
+    const int64_t off = static_cast<int64_t>(r0) * task.head_dim;
+    slice.num_rows = imin(kMaxRows, task.num_rows - r0);
+    slice.q = task.q + off;
+    slice.acc = task.acc + off;
+    slice.row_limit = task.row_limit + r0;
+    slice.row_start = task.row_start != nullptr ? task.row_start + r0 : nullptr;
+    slice.row_max = task.row_max + r0;
+    slice.row_sum = task.row_sum + r0;
+    switch (task.cache_dtype) {
+      case CacheType::kBFloat16: attend_slice<CacheType::kBFloat16>(slice); break;
+      case CacheType::kFp8E4M3: attend_slice<CacheType::kFp8E4M3>(slice); break;
+      default: attend_slice<CacheType::kFp8E5M2>(slice); break;  // the three types `ours` has
+    }
+  }
+}
+
+}  // namespace
+}  // namespace avx512_bf16_engine_ns
+
+const EngineOps& avx512_bf16_engine() {
+  // The avx512 engine's entries (bounds scoring, and the same e4m3 read factor: 2^-8 here
+  // too), with this decode kernel for attend.
+  static const EngineOps ops = [] {
+    EngineOps o = avx512_engine();
+    o.name = "avx512_bf16";
+    o.attend = &avx512_bf16_engine_ns::attend_task;
+    return o;
+  }();
+  return ops;
+}
+
+}  // namespace pagedllm::kernels
