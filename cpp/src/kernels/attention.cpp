@@ -9,7 +9,8 @@
 // tokens (flash-decoding), whose partial (max, sum, acc) are merged afterwards, so a single
 // long sequence still uses every core.
 // Prefill: tasks are (sequence, kv head, tile of query tokens); rows are token-major so a
-// register tile holds consecutive tokens of the group and their causal limits stay close.
+// register tile holds consecutive tokens of the group and their causal limits stay close. They
+// run the engine's GEMM-shaped prefill tile (engine_prefill_impl.h).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -249,7 +250,8 @@ void run_prefill(const AttentionParams& p, const SparseView* sv) {
     t.acc = s.acc.data();
     t.row_max = s.row_max.data();
     t.row_sum = s.row_sum.data();
-    ops.attend(t);
+    s.work.resize(static_cast<size_t>(ops.prefill_work_floats(rows, hd)));
+    ops.prefill(t, s.work.data());
     for (int k = 0; k < tokens; ++k) {
       for (int g = 0; g < group; ++g) {
         const int r = k * group + g;

@@ -66,6 +66,12 @@ struct EngineOps {
   float e4m3_read_mul;
   // Scores the blocks of one BoundsTask.
   void (*score_bounds)(const BoundsTask& task);
+  // Runs one prefill task (same contract as attend) with the GEMM-shaped tile of
+  // engine_prefill_impl.h; `work`: prefill_work_floats(num_rows, head_dim) floats of scratch
+  // that no other thread uses meanwhile.
+  void (*prefill)(const AttendTask& task, float* work);
+  // Floats of scratch `prefill` needs for a task of num_rows rows of head_dim.
+  long long (*prefill_work_floats)(int num_rows, int head_dim);
 };
 
 // The engine the attention calls dispatch to (attention.cpp: chosen at the first call).

@@ -44,6 +44,10 @@ inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
 inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
 inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
 inline float vhmax(V a) { return _mm512_reduce_max_ps(a); }
+inline V vkeep_lt(V s, V pos, V lim) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(pos, lim, _CMP_LT_OQ),
+                              _mm512_set1_ps(-__builtin_inff()), s);
+}
 inline float vhsum(V a) { return _mm512_reduce_add_ps(a); }
 
 constexpr int kAcc = 16;  // accumulators per register tile, of 32 vector registers
@@ -179,12 +183,15 @@ inline V vload_cache8(const uint8_t* p) {
 }  // namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS
 
 #include "engine_impl.h"
+#include "engine_prefill_impl.h"
 
 namespace pagedllm::kernels {
 
 const EngineOps& avx512_engine() {
   static const EngineOps ops{"avx512", &PAGEDLLM_ENGINE_NS::attend_task,
-                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul, &PAGEDLLM_ENGINE_NS::score_bounds};
+                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul, &PAGEDLLM_ENGINE_NS::score_bounds,
+                             &PAGEDLLM_ENGINE_NS::prefill_task,
+                             &PAGEDLLM_ENGINE_NS::prefill_work_floats};
   return ops;
 }
 
