@@ -3,7 +3,7 @@ the float64 reference of test_kernels_attention, on every CPU engine this machin
 
 A prefill task holds up to 64 query rows (tokens x GQA group, token-major); the tile puts them
 in the lanes of row vectors of 16 (avx512) or 8 (avx2, generic) and walks the context in key
-tiles of 32 tokens. Tasks under half a vector of rows take the row-major kernel instead, so
+tiles of 32 tokens. Tasks of fewer rows than one vector take the row-major kernel instead, so
 the q lens below cover both sides of that switch, partial row vectors and partial tasks (q lens
 not multiples of 8, 16 or 64 / group), contexts that end inside a key tile, and chunks that
 start after a context (chunked prefill, prefix-cache hits) inside a key tile or a block.
