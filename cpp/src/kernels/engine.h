@@ -36,6 +36,12 @@ struct AttendTask {
   int32_t block_size = 0;
   int32_t head_dim = 0;               // multiple of 8, <= 512
   CacheType cache_dtype = CacheType::kFloat32;
+  // prefill only (EngineOps::prefill): q is scaled by this inside the engine (attend: 1 only),
+  // so a bf16 query reaches the engine exact and unscaled; and whether the CPU has
+  // AVX512_BF16 dot products (then the avx512 engine's tile multiplies an exact bf16 query
+  // by a bf16 cache with vdpbf16ps).
+  float q_mul = 1.0f;
+  bool bf16_dot = false;
 };
 
 // Quest's block scores for one (sequence, KV head): for each listed block b,

@@ -179,6 +179,29 @@ inline V vload_cache8(const uint8_t* p) {
   }
 }
 
+// pt[t] = mul * sum_d kf[t][d] q[d] for TT tokens by bf16 pair dot products: q2 holds the row
+// vector's query pairs (d, d + 1) as bf16 in each 32-bit lane, hd / 2 vectors rows_pad lanes
+// apart; kf2 the staged bf16 key rows as 32-bit pairs, kStride pairs apart. Products are exact
+// and summed in fp32 (denormals flushed). Called only when the CPU has AVX512_BF16.
+__attribute__((target("avx512bf16"))) void bf16_scores_pass16(const uint32_t* q2, int rows_pad,
+                                                              const uint32_t* kf2, int kStride,
+                                                              int hd, float mul, float* pt) {
+  V acc[16];
+  for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+  for (int d2 = 0; d2 < hd / 2; ++d2) {
+    const __m512bh q = reinterpret_cast<__m512bh>(
+        _mm512_loadu_si512(q2 + static_cast<long long>(d2) * rows_pad));
+    for (int t = 0; t < 16; ++t) {
+      const __m512bh k = reinterpret_cast<__m512bh>(
+          _mm512_set1_epi32(static_cast<int>(kf2[t * kStride + d2])));
+      acc[t] = _mm512_dpbf16_ps(acc[t], q, k);
+    }
+  }
+  const V m = _mm512_set1_ps(mul);
+  for (int t = 0; t < 16; ++t) _mm512_storeu_ps(pt + t * 16, _mm512_mul_ps(acc[t], m));
+}
+#define PAGEDLLM_ENGINE_BF16_DOT 1  // engine_prefill_impl.h: use bf16_scores_pass16
+
 }  // namespace
 }  // namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS
 

@@ -20,7 +20,10 @@
 //   mask    only where the tile reaches a row's causal limit (diagonal tiles) or its end
 //   softmax per lane: m' = max(m, max_t S[t]), p_t = exp(S[t] - m'), l = l e^(m - m') + sum p
 //   values  acc_r += sum_t p_t[r] vf[t]   broadcast p, R rows x CC value vectors per pass
-// Tasks of fewer than kMinTileRows rows run attend_task instead.
+// Tasks of fewer than kMinTileRows rows run attend_task instead. The query arrives unscaled
+// (AttendTask::q_mul); with a bf16 cache, an exact bf16 query and AVX512_BF16 (the avx512
+// engine defines PAGEDLLM_ENGINE_BF16_DOT and bf16_scores_pass16), qt and kf hold raw bf16
+// pairs and the scores are vdpbf16ps dot products (twice the multiply-adds per instruction).
 
 namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS {
 namespace {
@@ -86,14 +89,54 @@ inline void zero_row(float* dst, int hd) {
   for (; d < hd; d += 8) vstore8(dst + d, vzero());
 }
 
-// qt[d][r] = q[r][d] for r < rows, 0 for rows <= r < rows_pad.
-inline void transpose_queries(const float* q, int rows, int hd, int rows_pad, float* qt) {
+// qt[d][r] = q[r][d] * mul for r < rows, 0 for rows <= r < rows_pad.
+inline void transpose_queries(const float* q, float mul, int rows, int hd, int rows_pad,
+                              float* qt) {
   for (int d = 0; d < hd; ++d) {
     float* o = qt + static_cast<long long>(d) * rows_pad;
-    for (int r = 0; r < rows; ++r) o[r] = q[static_cast<long long>(r) * hd + d];
+    for (int r = 0; r < rows; ++r) o[r] = q[static_cast<long long>(r) * hd + d] * mul;
     for (int r = rows; r < rows_pad; ++r) o[r] = 0.0f;
   }
 }
+
+inline unsigned bits_of(float f) {
+  unsigned u;
+  __builtin_memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+#ifdef PAGEDLLM_ENGINE_BF16_DOT
+// Whether every element of q[rows][hd] is a bfloat16 value (low 16 bits zero).
+inline bool query_is_bf16(const float* q, int rows, int hd) {
+  unsigned low = 0;
+  for (long long i = 0; i < static_cast<long long>(rows) * hd; ++i) low |= bits_of(q[i]) & 0xFFFFu;
+  return low == 0;
+}
+
+// q2[d2][r] = the bf16 pair (q[r][2 d2], q[r][2 d2 + 1]), the first in the low half; padding
+// rows 0.
+inline void pack_query_pairs(const float* q, int rows, int hd, int rows_pad, uint32_t* q2) {
+  for (int d2 = 0; d2 < hd / 2; ++d2) {
+    uint32_t* o = q2 + static_cast<long long>(d2) * rows_pad;
+    for (int r = 0; r < rows; ++r) {
+      const float* qr = q + static_cast<long long>(r) * hd + 2 * d2;
+      o[r] = (bits_of(qr[0]) >> 16) | (bits_of(qr[1]) & 0xFFFF0000u);
+    }
+    for (int r = rows; r < rows_pad; ++r) o[r] = 0;
+  }
+}
+
+// The tile's key rows as raw bf16 pairs, kStageStride words apart (zero rows up to the next
+// multiple of kAcc, as stage_tile).
+inline void stage_bf16_keys(const Chunk& c, int hd, uint32_t* kf2) {
+  for (int t = 0; t < c.n; ++t) {
+    __builtin_memcpy(kf2 + t * kStageStride, c.k[t], static_cast<unsigned long>(hd) * 2);
+  }
+  for (int t = c.n; t < round_up(c.n, kAcc); ++t) {
+    for (int d2 = 0; d2 < hd / 2; ++d2) kf2[t * kStageStride + d2] = 0;
+  }
+}
+#endif
 
 // pt[t] = sum_d kf[t][d] * qt[d] for the TT staged tokens at kf (kW rows in the lanes; qt is
 // the row vector's column, rows_pad floats apart per d).
@@ -176,13 +219,26 @@ inline void pv_row_vector(const float* pt, const float* vf, int nt, float* acc, 
 
 // Row vector r0 (its first `real` rows are real; `hi`: their largest causal limit, `lo`: the
 // least) against the staged tile of n tokens at positions [pos0, pos0 + n); hi > pos0.
+// dot: qt and kf hold bf16 pairs (the query unscaled: q_mul is applied to the scores).
 inline void tile_row_vector(const PrefillWork& w, int r0, int real, int lo, int hi, int pos0,
-                            int n, int hd, float* acc) {
+                            int n, int hd, bool dot, float q_mul, float* acc) {
   const int nt = imin(n, hi - pos0);     // tokens some row of the vector sees
   const int np = round_up(nt, kAcc);     // tokens computed (<= kKeyTile; the rest masked)
   float* pt = w.pt;
-  for (int t0 = 0; t0 < np; t0 += kAcc)
+  for (int t0 = 0; t0 < np; t0 += kAcc) {
+#ifdef PAGEDLLM_ENGINE_BF16_DOT
+    if (dot) {
+      bf16_scores_pass16(reinterpret_cast<const uint32_t*>(w.qt) + r0, w.rows_pad,
+                         reinterpret_cast<const uint32_t*>(w.kf) + t0 * kStageStride,
+                         kStageStride, hd, q_mul, pt + t0 * kW);
+      continue;
+    }
+#else
+    (void)dot;
+    (void)q_mul;
+#endif
     scores_pass<kAcc>(w.qt + r0, w.rows_pad, w.kf + t0 * kStageStride, hd, pt + t0 * kW);
+  }
   if (np > nt || pos0 + np > lo) {  // tokens past some row's limit (or past nt): masked
     const V lim = vload(w.lim + r0);
     for (int t = 0; t < np; ++t) {
@@ -212,14 +268,16 @@ inline void tile_row_vector(const PrefillWork& w, int r0, int real, int lo, int 
   pv_row_vector(pt, w.vf, nt, acc0, hd, real);
 }
 
-// Stages the tile's n tokens (K rows kStageStride apart, V rows hd apart; K rows up to the next
-// multiple of kAcc zeroed, so the masked scores stay finite).
+// Stages the tile's n tokens as float32 (K rows kStageStride apart, V rows hd apart; K rows up
+// to the next multiple of kAcc zeroed, so the masked scores stay finite); with `raw_keys` the
+// keys are left to stage_bf16_keys.
 template <CacheType CT>
-void stage_tile(const Chunk& c, int hd, const PrefillWork& w) {
+void stage_tile(const Chunk& c, int hd, bool raw_keys, const PrefillWork& w) {
   for (int t = 0; t < c.n; ++t) {
-    stage_row<CT>(c.k[t], hd, w.kf + t * kStageStride);
+    if (!raw_keys) stage_row<CT>(c.k[t], hd, w.kf + t * kStageStride);
     stage_row<CT>(c.v[t], hd, w.vf + static_cast<long long>(t) * hd);
   }
+  if (raw_keys) return;
   for (int t = c.n; t < round_up(c.n, kAcc); ++t) zero_row(w.kf + t * kStageStride, hd);
 }
 
@@ -233,7 +291,17 @@ void prefill_typed(const AttendTask& task, float* work) {
   if (task.token_begin >= end) return;
   PrefillWork w;
   carve(work, rows, hd, &w);
-  transpose_queries(task.q, rows, hd, w.rows_pad, w.qt);
+#ifdef PAGEDLLM_ENGINE_BF16_DOT
+  const bool dot = CT == CacheType::kBFloat16 && task.bf16_dot && query_is_bf16(task.q, rows, hd);
+  if (dot) {
+    pack_query_pairs(task.q, rows, hd, w.rows_pad, reinterpret_cast<uint32_t*>(w.qt));
+  } else {
+    transpose_queries(task.q, task.q_mul, rows, hd, w.rows_pad, w.qt);
+  }
+#else
+  const bool dot = false;
+  transpose_queries(task.q, task.q_mul, rows, hd, w.rows_pad, w.qt);
+#endif
   for (int r = 0; r < w.rows_pad; ++r) {
     const bool real = r < rows;
     w.m[r] = real ? task.row_max[r] : kNegInf;
@@ -251,7 +319,10 @@ void prefill_typed(const AttendTask& task, float* work) {
       gather_chunk<CT>(task, next_pos, imin(kKeyTile, end - next_pos), &chunks[cur ^ 1]);
       prefetch_chunk<CT>(chunks[cur ^ 1], hd);
     }
-    stage_tile<CT>(c, hd, w);
+    stage_tile<CT>(c, hd, dot, w);
+#ifdef PAGEDLLM_ENGINE_BF16_DOT
+    if (dot) stage_bf16_keys(c, hd, reinterpret_cast<uint32_t*>(w.kf));
+#endif
     for (int r0 = 0; r0 < rows; r0 += kW) {
       const int real = imin(kW, rows - r0);
       int lo = task.row_limit[r0], hi = lo;
@@ -259,7 +330,9 @@ void prefill_typed(const AttendTask& task, float* work) {
         lo = imin(lo, task.row_limit[r0 + r]);
         hi = imax(hi, task.row_limit[r0 + r]);
       }
-      if (hi > c.pos0) tile_row_vector(w, r0, real, lo, hi, c.pos0, c.n, hd, task.acc);
+      if (hi > c.pos0) {
+        tile_row_vector(w, r0, real, lo, hi, c.pos0, c.n, hd, dot, task.q_mul, task.acc);
+      }
     }
     if (next_pos >= end) break;
     cur ^= 1;
@@ -273,7 +346,16 @@ void prefill_typed(const AttendTask& task, float* work) {
 // A prefill task: the tile above, or attend_task when too few rows fill the lanes.
 void prefill_task(const AttendTask& task, float* work) {
   if (task.num_rows < kMinTileRows) {
-    attend_task(task);
+    if (task.q_mul == 1.0f) {
+      attend_task(task);
+      return;
+    }
+    AttendTask scaled = task;  // attend_task takes the query scaled: a copy in `work`
+    const long long n = static_cast<long long>(task.num_rows) * task.head_dim;
+    for (long long i = 0; i < n; ++i) work[i] = task.q[i] * task.q_mul;
+    scaled.q = work;
+    scaled.q_mul = 1.0f;
+    attend_task(scaled);
     return;
   }
   switch (task.cache_dtype) {
