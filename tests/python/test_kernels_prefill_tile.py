@@ -56,9 +56,10 @@ def test_reduced_storage_tile_edges(kernel, heads, kvh, kv_dtype):
                 k_scale=0.6 if fp8 else 1.0, v_scale=1.7 if fp8 else 1.0)
 
 
-@pytest.mark.parametrize("head_dim", [8, 72, 136, 512])
+@pytest.mark.parametrize("head_dim", [8, 32, 40, 72, 136, 512])
 def test_head_dim_tails_and_extremes(kernel, head_dim):
-    """head_dim with an 8-element tail for 16 lanes (72, 136), the smallest and the largest."""
+    """head_dim under 4 vectors (8, 32, 40: the narrow value tile), with an 8-element tail for 16
+    lanes (40, 72, 136), and the largest."""
     gen = torch.Generator().manual_seed(head_dim)
     lens, q_lens = split([(33, 33), (70, 17), (129, 64)])
     run_prefill(gen, lens, q_lens, 8, 2, head_dim, 16, "bf16", torch.float32)

@@ -204,16 +204,31 @@ void pv_rows(const float* pt, const float* vf, int nt, float* acc, int hd) {
   pv_from<R, kCC>(pt, vf, nt, acc, hd, 0);
 }
 
-// Values of `real` rows (<= kW) whose probabilities are the lanes of pt, 4 rows at a time.
+// Values of `real` rows (<= kW) whose probabilities are the lanes of pt, RP rows at a time.
+template <int RP>
+void pv_rows_by(const float* pt, const float* vf, int nt, float* acc, int hd, int real) {
+  int r = 0;
+  for (; r + RP <= real; r += RP) pv_rows<RP>(pt + r, vf, nt, acc + r * hd, hd);
+  const int left = real - r;
+  if (left == 0) return;
+  if constexpr (RP > 1) {
+    if (left >= RP / 2) {
+      pv_rows<RP / 2>(pt + r, vf, nt, acc + r * hd, hd);
+      r += RP / 2;
+    }
+    pv_rows_by<RP / 2>(pt + r, vf, nt, acc + r * hd, hd, real - r);
+  }
+}
+
+// 4 rows x 4 column vectors where head_dim has room for them; a narrow head (under 4 vectors,
+// e.g. 32 on AVX-512) takes kAcc / 2 rows x 2 vectors, so the tile still fills kAcc
+// accumulators and each value vector feeds more rows.
 inline void pv_row_vector(const float* pt, const float* vf, int nt, float* acc, int hd,
                           int real) {
-  int r = 0;
-  for (; r + 4 <= real; r += 4) pv_rows<4>(pt + r, vf, nt, acc + r * hd, hd);
-  switch (real - r) {
-    case 3: pv_rows<3>(pt + r, vf, nt, acc + r * hd, hd); return;
-    case 2: pv_rows<2>(pt + r, vf, nt, acc + r * hd, hd); return;
-    case 1: pv_rows<1>(pt + r, vf, nt, acc + r * hd, hd); return;
-    default: return;
+  if (hd < 4 * kW && kAcc / 2 > 4) {
+    pv_rows_by<kAcc / 2>(pt, vf, nt, acc, hd, real);
+  } else {
+    pv_rows_by<4>(pt, vf, nt, acc, hd, real);
   }
 }
 
