@@ -1,5 +1,7 @@
 """The GEMM-shaped prefill tile (cpp/src/kernels/engine_prefill_impl.h) at its edges, against
-the float64 reference of test_kernels_attention, on every CPU engine this machine has.
+the float64 reference of test_kernels_attention, on every CPU engine this machine has (the
+portable one has no tile: there these check its row-major prefill, which gets the query
+unscaled too).
 
 A prefill task holds up to 64 query rows (tokens x GQA group, token-major); the tile puts them
 in the lanes of row vectors of 16 (avx512) or 8 (avx2, generic) and walks the context in key

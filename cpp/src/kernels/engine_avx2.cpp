@@ -99,6 +99,7 @@ inline __m256i e4m3_to_half(__m256i w) {
 }
 
 constexpr float kE4M3ReadMul = 1.0f / 256.0f;  // e4m3 reads come out times 2^-8
+constexpr bool kPrefillTile = true;  // see engine_prefill_impl.h
 
 template <CacheType CT>
 inline V8 vload_cache(const uint8_t* p) {

@@ -120,6 +120,7 @@ inline __m512i e4m3_to_half(__m512i sx) {
 }
 
 constexpr float kE4M3ReadMul = 1.0f / 256.0f;  // e4m3 reads come out times 2^-8
+constexpr bool kPrefillTile = true;  // see engine_prefill_impl.h
 
 // 8 fp8 bytes as halves in the low 128 bits.
 template <CacheType CT>

@@ -82,6 +82,7 @@ inline void vload_cache2(const uint8_t* p, V8* lo, V8* hi) {
 }
 
 constexpr float kE4M3ReadMul = 1.0f;  // exact table decode
+constexpr bool kPrefillTile = false;  // see engine_prefill_impl.h
 
 // The width engine_impl.h is written over, and its 8-element forms (the full ones here: a
 // head_dim tail never occurs with 8 lanes).
