@@ -18,7 +18,8 @@
 namespace pagedllm::kernels {
 
 struct AttendTask {
-  const float* q = nullptr;           // [num_rows, head_dim] float32, scale folded in
+  const float* q = nullptr;           // [num_rows, head_dim] float32, scale folded in (prefill:
+                                      // times q_mul, below)
   const int32_t* row_limit = nullptr; // [num_rows]: row r sees token positions < row_limit[r]
   const int32_t* row_start = nullptr; // [num_rows] or null: row r sees positions >= row_start[r]
                                       // (null: no lower bound); start >= limit: sees nothing

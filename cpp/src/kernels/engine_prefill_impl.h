@@ -361,10 +361,10 @@ void prefill_typed(const AttendTask& task, float* work) {
   }
 }
 
-// A prefill task: the tile above, or attend_task when too few rows fill the lanes (or the
-// engine has no tile).
+// A prefill task: the tile above, or attend_task when too few rows fill the lanes, the engine
+// has no tile, or rows have a first visible position (row_start: the tile masks only above).
 void prefill_task(const AttendTask& task, float* work) {
-  if (!kPrefillTile || task.num_rows < kMinTileRows) {
+  if (!kPrefillTile || task.num_rows < kMinTileRows || task.row_start != nullptr) {
     if (task.q_mul == 1.0f) {
       attend_task(task);
       return;
