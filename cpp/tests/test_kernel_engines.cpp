@@ -1,8 +1,9 @@
 // Every CPU attention engine against a double-precision reference, over the storage types and
 // the shapes that select different code paths of the 8- and 16-lane engines: head_dim tails
 // (not a multiple of 16 or 32), GQA groups 1..8 (register tiles of 1..8 rows), block sizes 1..256,
-// context 0, partial last blocks, and prefill's causal rows. Built into the sanitizer run too.
-// avx512_bf16 (bf16 dot products for bf16 / fp8 storage) is checked at its bf16 bound there.
+// context 0, partial last blocks, prefill's causal rows and the prefill tile's edges. Built into
+// the sanitizer run too. avx512_bf16 (bf16 dot products for bf16 / fp8 storage) is checked at
+// its bf16 bound there.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -248,25 +249,53 @@ TEST_P(EngineStorage, ContextZeroGivesZeros) {
     expect_row(c, out.data() + h * c.hd, q.data() + h * c.hd, 0, h, 5, "seq 0");
 }
 
-TEST_P(EngineStorage, PrefillCausalRows) {
-  Cache c(ct(), 2, 8, 136, 16, {9, 150});
-  const std::vector<int32_t> cu = {0, 3, 3 + 70};  // 3 new tokens of the first, 70 of the second
+namespace {
+
+// Prefill of the query tokens cu[s]..cu[s + 1] (the last of sequence s's context) against the
+// reference; with `bf16_queries` the queries are bf16 values (the avx512 tile then takes the
+// vdpbf16ps path on a bf16 cache where the CPU has AVX512_BF16).
+void check_prefill(Cache& c, const std::vector<int32_t>& cu, bool bf16_queries,
+                   const std::string& what) {
   const int tokens = cu.back();
   std::vector<float> q(static_cast<size_t>(tokens) * c.heads * c.hd), out(q.size(), NAN);
   std::mt19937 rng(4);
   std::normal_distribution<float> n01;
-  for (auto& x : q) x = n01(rng);
+  for (auto& x : q) x = bf16_queries ? pk::bf16_to_float(pk::float_to_bf16(n01(rng))) : n01(rng);
   pk::AttentionParams p = c.params(out.data(), q.data(), tokens);
   p.cu_seqlens_q = cu.data();
   pk::paged_attention_prefill(p);
-  for (int s = 0; s < 2; ++s) {
+  for (size_t s = 0; s + 1 < cu.size(); ++s) {
     const int q_len = cu[s + 1] - cu[s];
     for (int i = 0; i < q_len; ++i)
       for (int h = 0; h < c.heads; ++h) {
         const size_t row = (static_cast<size_t>(cu[s] + i) * c.heads + h) * c.hd;
-        expect_row(c, out.data() + row, q.data() + row, s, h, c.lens[s] - q_len + i + 1,
-                   "prefill seq " + std::to_string(s) + " token " + std::to_string(i));
+        expect_row(c, out.data() + row, q.data() + row, static_cast<int>(s), h,
+                   c.lens[s] - q_len + i + 1,
+                   what + " seq " + std::to_string(s) + " token " + std::to_string(i));
       }
+  }
+}
+
+}  // namespace
+
+TEST_P(EngineStorage, PrefillCausalRows) {
+  Cache c(ct(), 2, 8, 136, 16, {9, 150});
+  check_prefill(c, {0, 3, 3 + 70}, false, "");  // 3 new tokens of the first, 70 of the second
+}
+
+// The GEMM-shaped prefill tile's edges: GQA groups 1 and 8, block sizes 8 and 32, row counts
+// that leave a partial row vector and a partial task, contexts ending inside a 32-token key
+// tile, chunks starting after a context; fp32 and bf16-valued queries.
+TEST_P(EngineStorage, PrefillTileEdges) {
+  for (auto [heads, kvh] : {std::pair{4, 4}, std::pair{16, 2}}) {
+    for (int bs : {8, 32}) {
+      Cache c(ct(), kvh, heads, 64, bs, {33, 100, 9});
+      for (bool bf16 : {false, true}) {
+        check_prefill(c, {0, 33, 33 + 37, 33 + 37 + 9}, bf16,
+                      "group " + std::to_string(heads / kvh) + " block " + std::to_string(bs) +
+                          (bf16 ? " bf16 q" : ""));
+      }
+    }
   }
 }
 

@@ -9,7 +9,8 @@
 // tokens (flash-decoding), whose partial (max, sum, acc) are merged afterwards, so a single
 // long sequence still uses every core.
 // Prefill: tasks are (sequence, kv head, tile of query tokens); rows are token-major so a
-// register tile holds consecutive tokens of the group and their causal limits stay close.
+// register tile holds consecutive tokens of the group and their causal limits stay close. They
+// run the engine's GEMM-shaped prefill tile (engine_prefill_impl.h).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -215,6 +216,7 @@ void run_prefill(const AttentionParams& p, const SparseView* sv) {
   const int hd = p.cache.head_dim;
   const int tile_tokens = std::max(1, kPrefillRows / group);
   const float qmul = query_mul(p, ops);
+  const bool bf16_dot = cpu_features().avx512bf16;
   const float vmul = value_mul(p, ops);
 
   // Tasks: (sequence, first query token of the tile), the deepest tiles first so the costly
@@ -246,9 +248,9 @@ void run_prefill(const AttentionParams& p, const SparseView* sv) {
     const int list = sv ? sv->list(tile.seq, kvh) : 0;
     AttentionScratch& s = thread_scratch();
     s.resize(rows, hd);
-    for (int k = 0; k < tokens; ++k) {
+    for (int k = 0; k < tokens; ++k) {  // unscaled: the engine applies qmul (t.q_mul)
       const int i_tok = tile.first + k;
-      load_query(p, q0 + i_tok, kvh * group, group, qmul, s.q.data() + k * group * hd);
+      load_query(p, q0 + i_tok, kvh * group, group, 1.0f, s.q.data() + k * group * hd);
       const int causal = len - q_len + i_tok + 1;
       const int limit = sv ? sv->compact_limit(list, causal) : causal;
       for (int g = 0; g < group; ++g) s.limit[k * group + g] = limit;
@@ -261,7 +263,10 @@ void run_prefill(const AttentionParams& p, const SparseView* sv) {
     t.acc = s.acc.data();
     t.row_max = s.row_max.data();
     t.row_sum = s.row_sum.data();
-    ops.attend(t);
+    t.q_mul = qmul;
+    t.bf16_dot = bf16_dot;
+    s.work.resize(static_cast<size_t>(ops.prefill_work_floats(rows, hd)));
+    ops.prefill(t, s.work.data());
     for (int k = 0; k < tokens; ++k) {
       for (int g = 0; g < group; ++g) {
         const int r = k * group + g;

@@ -16,6 +16,7 @@ namespace pagedllm::kernels {
 // Per-thread buffers of one task (reused across calls).
 struct AttentionScratch {
   std::vector<float> q, acc, row_max, row_sum;  // [rows, hd], [rows, hd], [rows], [rows]
+  std::vector<float> work;                      // the prefill tile's (EngineOps::prefill)
   std::vector<int32_t> limit, start;            // [rows] each
   // Sizes the buffers for `rows` rows of head_dim `hd`; acc, row_max and row_sum are reset.
   void resize(int rows, int hd);

@@ -18,7 +18,8 @@
 namespace pagedllm::kernels {
 
 struct AttendTask {
-  const float* q = nullptr;           // [num_rows, head_dim] float32, scale folded in
+  const float* q = nullptr;           // [num_rows, head_dim] float32, scale folded in (prefill:
+                                      // times q_mul, below)
   const int32_t* row_limit = nullptr; // [num_rows]: row r sees token positions < row_limit[r]
   const int32_t* row_start = nullptr; // [num_rows] or null: row r sees positions >= row_start[r]
                                       // (null: no lower bound); start >= limit: sees nothing
@@ -36,6 +37,12 @@ struct AttendTask {
   int32_t block_size = 0;
   int32_t head_dim = 0;               // multiple of 8, <= 512
   CacheType cache_dtype = CacheType::kFloat32;
+  // prefill only (EngineOps::prefill): q is scaled by this inside the engine (attend: 1 only),
+  // so a bf16 query reaches the engine exact and unscaled; and whether the CPU has
+  // AVX512_BF16 dot products (then the avx512 engine's tile multiplies an exact bf16 query
+  // by a bf16 cache with vdpbf16ps).
+  float q_mul = 1.0f;
+  bool bf16_dot = false;
 };
 
 // Quest's block scores for one (sequence, KV head): for each listed block b,
@@ -66,6 +73,12 @@ struct EngineOps {
   float e4m3_read_mul;
   // Scores the blocks of one BoundsTask.
   void (*score_bounds)(const BoundsTask& task);
+  // Runs one prefill task (same contract as attend) with the GEMM-shaped tile of
+  // engine_prefill_impl.h; `work`: prefill_work_floats(num_rows, head_dim) floats of scratch
+  // that no other thread uses meanwhile.
+  void (*prefill)(const AttendTask& task, float* work);
+  // Floats of scratch `prefill` needs for a task of num_rows rows of head_dim.
+  long long (*prefill_work_floats)(int num_rows, int head_dim);
 };
 
 // The engine the attention calls dispatch to (attention.cpp: chosen at the first call).

@@ -24,6 +24,10 @@ inline V8 vfmadd(V8 a, V8 b, V8 c) { return _mm256_fmadd_ps(a, b, c); }
 inline V8 vadd(V8 a, V8 b) { return _mm256_add_ps(a, b); }
 inline V8 vmul(V8 a, V8 b) { return _mm256_mul_ps(a, b); }
 inline V8 vmax(V8 a, V8 b) { return _mm256_max_ps(a, b); }
+inline V8 vkeep_lt(V8 s, V8 pos, V8 lim) {
+  return _mm256_blendv_ps(_mm256_set1_ps(-__builtin_inff()), s,
+                          _mm256_cmp_ps(pos, lim, _CMP_LT_OQ));
+}
 
 inline float vhmax(V8 a) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -95,6 +99,7 @@ inline __m256i e4m3_to_half(__m256i w) {
 }
 
 constexpr float kE4M3ReadMul = 1.0f / 256.0f;  // e4m3 reads come out times 2^-8
+constexpr bool kPrefillTile = true;  // see engine_prefill_impl.h
 
 template <CacheType CT>
 inline V8 vload_cache(const uint8_t* p) {
@@ -146,12 +151,15 @@ inline void vsum_tile(const V* a, float* out) { vstore(out, vsum8(a)); }
 }  // namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS
 
 #include "engine_impl.h"
+#include "engine_prefill_impl.h"
 
 namespace pagedllm::kernels {
 
 const EngineOps& avx2_engine() {
   static const EngineOps ops{"avx2", &PAGEDLLM_ENGINE_NS::attend_task,
-                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul, &PAGEDLLM_ENGINE_NS::score_bounds};
+                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul, &PAGEDLLM_ENGINE_NS::score_bounds,
+                             &PAGEDLLM_ENGINE_NS::prefill_task,
+                             &PAGEDLLM_ENGINE_NS::prefill_work_floats};
   return ops;
 }
 

@@ -44,6 +44,10 @@ inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
 inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
 inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
 inline float vhmax(V a) { return _mm512_reduce_max_ps(a); }
+inline V vkeep_lt(V s, V pos, V lim) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(pos, lim, _CMP_LT_OQ),
+                              _mm512_set1_ps(-__builtin_inff()), s);
+}
 inline float vhsum(V a) { return _mm512_reduce_add_ps(a); }
 
 constexpr int kAcc = 16;  // accumulators per register tile, of 32 vector registers
@@ -116,6 +120,7 @@ inline __m512i e4m3_to_half(__m512i sx) {
 }
 
 constexpr float kE4M3ReadMul = 1.0f / 256.0f;  // e4m3 reads come out times 2^-8
+constexpr bool kPrefillTile = true;  // see engine_prefill_impl.h
 
 // 8 fp8 bytes as halves in the low 128 bits.
 template <CacheType CT>
@@ -175,16 +180,42 @@ inline V vload_cache8(const uint8_t* p) {
   }
 }
 
+// pt[t] = mul * sum_d kf[t][d] q[d] for TT tokens by bf16 pair dot products: q2 holds the row
+// vector's query pairs (d, d + 1) as bf16 in each 32-bit lane, hd / 2 vectors rows_pad lanes
+// apart; kf2 the staged bf16 key rows as 32-bit pairs, kStride pairs apart. Products are exact
+// and summed in fp32 (denormals flushed). Called only when the CPU has AVX512_BF16.
+__attribute__((target("avx512bf16"))) void bf16_scores_pass16(const uint32_t* q2, int rows_pad,
+                                                              const uint32_t* kf2, int kStride,
+                                                              int hd, float mul, float* pt) {
+  V acc[16];
+  for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+  for (int d2 = 0; d2 < hd / 2; ++d2) {
+    const __m512bh q = reinterpret_cast<__m512bh>(
+        _mm512_loadu_si512(q2 + static_cast<long long>(d2) * rows_pad));
+    for (int t = 0; t < 16; ++t) {
+      const __m512bh k = reinterpret_cast<__m512bh>(
+          _mm512_set1_epi32(static_cast<int>(kf2[t * kStride + d2])));
+      acc[t] = _mm512_dpbf16_ps(acc[t], q, k);
+    }
+  }
+  const V m = _mm512_set1_ps(mul);
+  for (int t = 0; t < 16; ++t) _mm512_storeu_ps(pt + t * 16, _mm512_mul_ps(acc[t], m));
+}
+#define PAGEDLLM_ENGINE_BF16_DOT 1  // engine_prefill_impl.h: use bf16_scores_pass16
+
 }  // namespace
 }  // namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS
 
 #include "engine_impl.h"
+#include "engine_prefill_impl.h"
 
 namespace pagedllm::kernels {
 
 const EngineOps& avx512_engine() {
   static const EngineOps ops{"avx512", &PAGEDLLM_ENGINE_NS::attend_task,
-                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul, &PAGEDLLM_ENGINE_NS::score_bounds};
+                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul, &PAGEDLLM_ENGINE_NS::score_bounds,
+                             &PAGEDLLM_ENGINE_NS::prefill_task,
+                             &PAGEDLLM_ENGINE_NS::prefill_work_floats};
   return ops;
 }
 

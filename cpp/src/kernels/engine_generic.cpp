@@ -42,6 +42,10 @@ inline V8 vmax(V8 a, V8 b) {
   for (int i = 0; i < 8; ++i) a.x[i] = a.x[i] > b.x[i] ? a.x[i] : b.x[i];
   return a;
 }
+inline V8 vkeep_lt(V8 s, V8 pos, V8 lim) {
+  for (int i = 0; i < 8; ++i) s.x[i] = pos.x[i] < lim.x[i] ? s.x[i] : -INFINITY;
+  return s;
+}
 inline V8 vexp(V8 a) {
   for (int i = 0; i < 8; ++i) a.x[i] = std::exp(a.x[i]);
   return a;
@@ -78,6 +82,7 @@ inline void vload_cache2(const uint8_t* p, V8* lo, V8* hi) {
 }
 
 constexpr float kE4M3ReadMul = 1.0f;  // exact table decode
+constexpr bool kPrefillTile = false;  // see engine_prefill_impl.h
 
 // The width engine_impl.h is written over, and its 8-element forms (the full ones here: a
 // head_dim tail never occurs with 8 lanes).
@@ -96,12 +101,15 @@ inline void vsum_tile(const V* a, float* out) { vstore(out, vsum8(a)); }
 }  // namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS
 
 #include "engine_impl.h"
+#include "engine_prefill_impl.h"
 
 namespace pagedllm::kernels {
 
 const EngineOps& generic_engine() {
   static const EngineOps ops{"generic", &PAGEDLLM_ENGINE_NS::attend_task,
-                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul, &PAGEDLLM_ENGINE_NS::score_bounds};
+                             PAGEDLLM_ENGINE_NS::kE4M3ReadMul, &PAGEDLLM_ENGINE_NS::score_bounds,
+                             &PAGEDLLM_ENGINE_NS::prefill_task,
+                             &PAGEDLLM_ENGINE_NS::prefill_work_floats};
   return ops;
 }
 
