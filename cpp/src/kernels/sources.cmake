@@ -16,6 +16,11 @@ target_sources(pagedllm_core PRIVATE
   ${_pagedllm_kernels_dir}/reshape_and_cache.cpp
   ${_pagedllm_kernels_dir}/copy_blocks.cpp
   ${_pagedllm_kernels_dir}/rms_norm.cpp
+  ${_pagedllm_kernels_dir}/fused_norm.cpp
+  ${_pagedllm_kernels_dir}/activation.cpp
+  ${_pagedllm_kernels_dir}/rope.cpp
+  ${_pagedllm_kernels_dir}/fused_rows.cpp
+  ${_pagedllm_kernels_dir}/fused_rows_generic.cpp
   ${_pagedllm_kernels_dir}/membw.cpp
 )
 
@@ -28,4 +33,14 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64|i[3-6]86)$")
   set_source_files_properties(${_pagedllm_kernels_dir}/engine_avx512.cpp PROPERTIES
     COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx2;-mfma;-mf16c")
   target_compile_definitions(pagedllm_core PRIVATE PAGEDLLM_HAVE_AVX512_KERNELS)
+  # The fused element-wise row loops (fused_ops.h), one per instruction set; no contraction of
+  # mul + add into FMA, so they round as the torch expressions they replace.
+  target_sources(pagedllm_core PRIVATE ${_pagedllm_kernels_dir}/fused_rows_avx2.cpp
+                                       ${_pagedllm_kernels_dir}/fused_rows_avx512.cpp)
+  set_source_files_properties(${_pagedllm_kernels_dir}/fused_rows_avx2.cpp PROPERTIES
+    COMPILE_OPTIONS "-mavx2;-mfma;-ffp-contract=off")
+  set_source_files_properties(${_pagedllm_kernels_dir}/fused_rows_avx512.cpp PROPERTIES
+    COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx2;-mfma;-ffp-contract=off")
 endif()
+set_source_files_properties(${_pagedllm_kernels_dir}/fused_rows_generic.cpp PROPERTIES
+  COMPILE_OPTIONS "-ffp-contract=off")
