@@ -29,11 +29,13 @@ k::ScalarType common_float_type(std::initializer_list<const Tensor*> ts) {
   return first.dtype() == DType::kFloat32 ? k::ScalarType::kFloat32 : k::ScalarType::kBFloat16;
 }
 
-// Checks t is [rows, cols] with contiguous rows; a single row may report any stride.
-int64_t row_stride(const Tensor& t, int64_t rows, int64_t cols) {
+// Checks t is [rows, cols] (`what`: where that shape comes from) with contiguous rows; returns
+// the row stride (a single row may report any stride).
+int64_t row_stride(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
   t.require_ndim(2);
   PAGEDLLM_CHECK_ARG(t.size(0) == rows && t.size(1) == cols,
-                     t.name() << " " << t.describe() << " must be [" << rows << ", " << cols << "]");
+                     t.name() << " " << t.describe() << " must have the shape of " << what << " ["
+                              << rows << ", " << cols << "]");
   t.require_inner_contiguous(1);
   return rows > 1 ? t.stride(0) : cols;
 }
@@ -47,12 +49,12 @@ void add_rms_norm(py::handle out, py::handle x, py::handle delta, py::handle wei
   xt.require_ndim(2);
   p.rows = xt.size(0);
   p.cols = to_i32(xt.size(1), "cols");
-  p.x_row_stride = row_stride(xt, p.rows, p.cols);
-  p.out_row_stride = row_stride(ot, p.rows, p.cols);
+  p.x_row_stride = row_stride(xt, p.rows, p.cols, "x");
+  p.out_row_stride = row_stride(ot, p.rows, p.cols, "x");
   ot.require_writable();
   if (fused) {
     xt.require_writable();
-    p.delta_row_stride = row_stride(dt, p.rows, p.cols);
+    p.delta_row_stride = row_stride(dt, p.rows, p.cols, "x");
     p.delta = dt.data();
   }
   wt.require_ndim(1);
@@ -80,8 +82,8 @@ void silu_and_mul(py::handle out, py::handle x) {
                      "x " << xt.describe() << " must be [rows, 2 * f] (gate then up), f >= 1");
   p.rows = xt.size(0);
   p.cols = to_i32(xt.size(1) / 2, "cols");
-  p.x_row_stride = row_stride(xt, p.rows, 2 * int64_t{p.cols});
-  p.out_row_stride = row_stride(ot, p.rows, p.cols);
+  p.x_row_stride = row_stride(xt, p.rows, 2 * int64_t{p.cols}, "x");
+  p.out_row_stride = row_stride(ot, p.rows, p.cols, "half of x (out)");
   ot.require_writable();
   p.x = xt.data();
   p.out = ot.data();
@@ -124,6 +126,32 @@ void rotary_embedding(py::handle x, py::handle cos, py::handle sin) {
   k::rotary_embedding(p);
 }
 
+int64_t argmax_rows(py::handle x, py::handle index, py::handle max_value) {
+  const Tensor xt(x, "x"), it(index, "index"), mt(max_value, "max_value");
+  for (const Tensor* t : {&xt, &it, &mt}) t->require_cpu();
+  PAGEDLLM_CHECK_ARG(xt.dtype() == DType::kFloat32, "x must be float32, got " << xt.describe());
+  PAGEDLLM_CHECK_ARG(it.dtype() == DType::kInt64, "index must be int64, got " << it.describe());
+  PAGEDLLM_CHECK_ARG(mt.dtype() == DType::kFloat32,
+                     "max_value must be float32, got " << mt.describe());
+  xt.require_ndim(2);
+  k::ArgmaxParams p;
+  p.rows = xt.size(0);
+  p.cols = xt.size(1);
+  p.x_row_stride = row_stride(xt, p.rows, p.cols, "x");
+  for (const Tensor* t : {&it, &mt}) {
+    t->require_ndim(1);
+    PAGEDLLM_CHECK_ARG(t->size(0) == p.rows, t->name() << " " << t->describe() << " must be ["
+                                                      << p.rows << "] (x's rows)");
+    t->require_inner_contiguous(0);
+    t->require_writable();
+  }
+  p.x = static_cast<const float*>(xt.data());
+  p.index = static_cast<int64_t*>(it.data());
+  p.max_value = static_cast<float*>(mt.data());
+  py::gil_scoped_release release;
+  return k::argmax_rows(p);
+}
+
 }  // namespace
 
 void bind_fused_kernels(py::module_& m) {
@@ -140,6 +168,10 @@ void bind_fused_kernels(py::module_& m) {
         "RoPE in place on x [num_tokens, heads, head_dim] (any token / head strides): "
         "x = x * cos + swap_halves(x) * sin with cos / sin [num_tokens, (1,) head_dim] "
         "(sin's first half negated: pagedllm.model.rope's tables); float32 or bfloat16.");
+  m.def("argmax_rows", &argmax_rows, py::arg("x"), py::arg("index"), py::arg("max_value"),
+        "Per row of float32 x [rows, cols]: index (int64 [rows]) of its first maximum and "
+        "max_value (float32 [rows]; NaN if the row holds one). Returns how many rows have a "
+        "maximum that is not a finite float above the lowest one.");
 }
 
 }  // namespace pagedllm::python

@@ -25,6 +25,9 @@ struct FusedRowOps {
                      const float* sin, int32_t half);
   void (*rotary_bf16)(uint16_t* x, int64_t head_stride, int32_t num_heads, const uint16_t* cos,
                       const uint16_t* sin, int32_t half);
+  // The index of the first maximum of x[0, n) (n >= 1, n < 2^31) and the maximum in *max_value
+  // (NaN when x holds a NaN; the index is then that of the largest non-NaN element).
+  int64_t (*argmax_f32)(const float* x, int64_t n, float* max_value);
 };
 
 // The portable loops (always compiled).

@@ -78,6 +78,47 @@ inline V vround_bf16(V v) {
   return _mm256_castsi256_ps(_mm256_and_si256(bf16_bits(v), _mm256_set1_epi32(-65536)));
 }
 
+// As the AVX-512 one: per lane the first maximum and its index, then the smallest index among
+// the lanes holding the maximum; the tail (< 8 elements) after, scalar.
+inline int64_t argmax_row(const float* x, int64_t n, float* max_value) {
+  V best = vset1(-__builtin_inff());
+  __m256i best_i = _mm256_setzero_si256();
+  __m256i cur = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i step = _mm256_set1_epi32(kW);
+  int nan = 0;
+  int64_t c = 0;
+  for (; c + kW <= n; c += kW) {
+    const V v = _mm256_loadu_ps(x + c);
+    nan |= _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    const V gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+    best = _mm256_blendv_ps(best, v, gt);
+    best_i = _mm256_blendv_epi8(best_i, cur, _mm256_castps_si256(gt));
+    cur = _mm256_add_epi32(cur, step);
+  }
+  alignas(32) float lane_best[kW];
+  alignas(32) int32_t lane_index[kW];
+  _mm256_store_ps(lane_best, best);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lane_index), best_i);
+  float m = -__builtin_inff();
+  int64_t index = 0;
+  if (c > 0) {
+    for (int l = 0; l < kW; ++l) m = lane_best[l] > m ? lane_best[l] : m;
+    index = INT32_MAX;
+    for (int l = 0; l < kW; ++l) {
+      if (lane_best[l] == m && lane_index[l] < index) index = lane_index[l];
+    }
+  }
+  for (; c < n; ++c) {
+    nan |= x[c] != x[c];
+    if (x[c] > m) {
+      m = x[c];
+      index = c;
+    }
+  }
+  *max_value = nan ? __builtin_nanf("") : m;
+  return index;
+}
+
 #include "fused_rows_impl.h"
 
 }  // namespace

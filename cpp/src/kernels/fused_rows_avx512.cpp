@@ -81,6 +81,40 @@ inline V vround_bf16(V v) {
   return _mm512_castsi512_ps(_mm512_and_si512(bf16_bits(v), _mm512_set1_epi32(-65536)));
 }
 
+// One pass: per lane the first maximum and its index (strictly greater replaces), then the
+// smallest index among the lanes holding the row's maximum.
+inline int64_t argmax_row(const float* x, int64_t n, float* max_value) {
+  const V ninf = vset1(-__builtin_inff());
+  V best = ninf;
+  __m512i best_i = _mm512_setzero_si512();
+  __m512i cur = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(kW);
+  __mmask16 nan = 0;
+  int64_t c = 0;
+  for (; c + kW <= n; c += kW) {
+    const V v = _mm512_loadu_ps(x + c);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    const __mmask16 gt = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+    best = _mm512_mask_mov_ps(best, gt, v);
+    best_i = _mm512_mask_mov_epi32(best_i, gt, cur);
+    cur = _mm512_add_epi32(cur, step);
+  }
+  if (c < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - c)) - 1u);
+    const V v = _mm512_mask_loadu_ps(ninf, tail, x + c);
+    nan |= _mm512_mask_cmp_ps_mask(tail, v, v, _CMP_UNORD_Q);
+    const __mmask16 gt = _mm512_mask_cmp_ps_mask(tail, v, best, _CMP_GT_OQ);
+    best = _mm512_mask_mov_ps(best, gt, v);
+    best_i = _mm512_mask_mov_epi32(best_i, gt, cur);
+  }
+  const float m = _mm512_reduce_max_ps(best);
+  const __mmask16 eq = _mm512_cmp_ps_mask(best, vset1(m), _CMP_EQ_OQ);
+  const int32_t index =
+      _mm512_reduce_min_epi32(_mm512_mask_mov_epi32(_mm512_set1_epi32(INT32_MAX), eq, best_i));
+  *max_value = nan ? __builtin_nanf("") : m;
+  return index;
+}
+
 #include "fused_rows_impl.h"
 
 }  // namespace

@@ -57,6 +57,22 @@ inline void st(uint16_t* p, V v) {
 }
 inline V vround_bf16(V v) { return map([&](int i) { return bf16_to_float(float_to_bf16(v.v[i])); }); }
 
+inline int64_t argmax_row(const float* x, int64_t n, float* max_value) {
+  float best = x[0];
+  int64_t index = 0;
+  bool nan = std::isnan(best);
+  if (nan) best = -INFINITY;
+  for (int64_t i = 1; i < n; ++i) {
+    nan |= std::isnan(x[i]);
+    if (x[i] > best) {
+      best = x[i];
+      index = i;
+    }
+  }
+  *max_value = nan ? NAN : best;
+  return index;
+}
+
 #include "fused_rows_impl.h"
 
 }  // namespace

@@ -3,7 +3,8 @@
 //   kW (lanes), V (a vector of kW floats), vzero, vset1, vadd, vsub, vmul, vdiv, vneg,
 //   vfmadd(a, b, c) = a * b + c (accumulations only), vexp, vsum (horizontal sum),
 //   ld / st for float and for uint16_t (bfloat16 bits; st rounds to nearest even, NaN quiet),
-//   vround_bf16 (the float a bfloat16 rounding of each lane gives), scalar_sqrt.
+//   vround_bf16 (the float a bfloat16 rounding of each lane gives), scalar_sqrt, and
+//   argmax_row (FusedRowOps::argmax_f32: written per instruction set, it needs masks).
 // Tails shorter than kW go through zero-padded stack buffers, so every element of a row gets
 // the same arithmetic wherever it sits. No includes here: an ISA translation unit must not
 // instantiate inline library code that a portable caller could later be linked against.
@@ -130,4 +131,5 @@ const FusedRowOps kFusedRows = {
     silu_and_mul_row<uint16_t>,
     rotary_token<float>,
     rotary_token<uint16_t>,
+    argmax_row,
 };

@@ -66,6 +66,17 @@ struct RotaryParams {
   int32_t head_dim = 0;           // even, >= 2
 };
 
+// Greedy sampling's argmax: per row of float32 logits the index of its first maximum (torch's
+// argmax tie rule) and the maximum (NaN when the row holds a NaN).
+struct ArgmaxParams {
+  const float* x = nullptr;       // [rows, cols]
+  int64_t x_row_stride = 0;       // elements
+  int64_t rows = 0;
+  int64_t cols = 0;               // 1 .. 2^31 - 1
+  int64_t* index = nullptr;       // [rows]
+  float* max_value = nullptr;     // [rows]
+};
+
 // x += delta (if given), then out = RMSNorm(x) per row (see AddRMSNormParams).
 void add_rms_norm(const AddRMSNormParams& p);
 
@@ -74,5 +85,10 @@ void silu_and_mul(const SiluAndMulParams& p);
 
 // RoPE in place on every head of every token (see RotaryParams).
 void rotary_embedding(const RotaryParams& p);
+
+// Fills index / max_value per row (see ArgmaxParams). Returns how many rows have a maximum that
+// is not a finite float above the lowest one (NaN, +-inf, or the lowest float): for the other
+// rows the index is also the argmax of the logits with NaN and +-inf clamped to the finite range.
+int64_t argmax_rows(const ArgmaxParams& p);
 
 }  // namespace pagedllm::kernels
