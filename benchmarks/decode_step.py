@@ -17,7 +17,7 @@ runs decode steps only (every sequence one token per step, greedy, forced length
 Prints a markdown table and writes benchmarks/results/decode_step.json.
 
 Usage: PYTHONPATH=.:python python -m benchmarks.decode_step [--model small] [--batch 16]
-       [--prompt-len 128] [--steps 24] [--dtype float32|bfloat16]
+       [--prompt-len 128] [--steps 24] [--dtype float32|bfloat16] [--threads N]
 """
 
 from __future__ import annotations
@@ -136,20 +136,25 @@ def _profiled(eng, steps: int) -> Dict[str, float]:
 
 
 def run(model: str = "small", batch: int = 16, prompt_len: int = 128, steps: int = 24,
-        dtype: str = "float32") -> dict:
-    """Measures the decode step; returns (and writes) the figures."""
+        dtype: str = "float32", threads=None) -> dict:
+    """Measures the decode step; returns (and writes) the figures.
+
+    threads: torch and kernel threads (None: every core). With 1, every op runs on the main
+    thread, so its CPU time per step (`step_cpu_ms`) leaves out what other jobs take.
+    """
     from pagedllm.model.checkpoint import random_config
 
     cfg = random_config(model)
-    engine = PagedEngine(checkpoint(model), dtype=dtype)
+    engine = PagedEngine(checkpoint(model), dtype=dtype, num_threads=threads)
     eng = engine.llm.engine
     _prefill(eng, batch, prompt_len, 3 * steps + 8, cfg.vocab_size)
     eng.step()  # one warm decode step
-    times = []
+    times, cpu_times = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         eng.step()
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.thread_time() - c0)
     context = prompt_len + 2 + steps  # mean context over the profiled steps, roughly
     profiled = _profiled(eng, steps)
     eng.abort_request(list(eng.requests))
@@ -164,8 +169,10 @@ def run(model: str = "small", batch: int = 16, prompt_len: int = 128, steps: int
     q = statistics.quantiles(times, n=10)
     out = {"benchmark": "decode_step", "model": model, "dtype": dtype, "batch": batch,
            "prompt_len": prompt_len, "steps": steps, "context_tokens": context,
+           "threads": threads,
            "step_ms": {"median": round(1e3 * statistics.median(times), 2),
                        "p10": round(1e3 * q[0], 2), "p90": round(1e3 * q[-1], 2)},
+           "step_cpu_ms": round(1e3 * statistics.median(cpu_times), 2),
            "profiled_ms_per_step": {k: round(v, 3) for k, v in profiled.items()},
            "read_bandwidth_gb_s": round(bw / 1e9, 2),
            "matmul_gflop_s": round(rate / 1e9, 1),
@@ -199,7 +206,8 @@ def markdown(r: dict) -> str:
         "| --- | ---: | ---: | ---: |", *rows,
         f"| **profiled step** | {total:.2f} | | **{r['floor_ms_total']:.2f}** |",
         f"| **step without the profiler** | {s['median']:.2f} (p10 {s['p10']:.2f}, "
-        f"p90 {s['p90']:.2f}) | | |"])
+        f"p90 {s['p90']:.2f}) | | |",
+        f"| **main-thread CPU time per step** | {r.get('step_cpu_ms', float('nan')):.2f} | | |"])
 
 
 def main() -> None:
@@ -209,8 +217,9 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--threads", type=int, default=None, help="torch / kernel threads")
     a = ap.parse_args()
-    print(markdown(run(a.model, a.batch, a.prompt_len, a.steps, a.dtype)))
+    print(markdown(run(a.model, a.batch, a.prompt_len, a.steps, a.dtype, a.threads)))
 
 
 if __name__ == "__main__":
