@@ -2,7 +2,10 @@
 
 A batch of `batch` sequences is prefilled (prompt `prompt_len` tokens each), then the engine
 runs decode steps only (every sequence one token per step, greedy, forced length):
-- `steps` steps timed one by one without any profiler: the step time (median, p10, p90);
+- `steps` steps timed one by one without any profiler: the step time (median, p10, p90), and
+  its main-thread CPU time (with --threads 1 every op runs on that thread, and the profile, the
+  bandwidth and the matmul rate below are then timed in that thread's CPU time too, so that
+  other jobs on a shared machine count less);
 - the same number of steps under cProfile: the own time of every function per step, in
   buckets (layer projections, lm_head, attention kernel, KV write, RMSNorm, other torch ops,
   sampler, scheduler, runner input prep, the rest of the engine). cProfile slows the Python
@@ -53,30 +56,33 @@ BUCKETS = (
 LM_HEAD = "lm_head (in projections)"
 
 
-def read_bandwidth(gib: float = 1.0, rounds: int = 5) -> float:
-    """Bytes per second `_core.stream_read_sum` reads from a `gib` GiB buffer (median)."""
+def read_bandwidth(gib: float = 1.0, rounds: int = 5, clock=time.perf_counter) -> float:
+    """Bytes per second `_core.stream_read_sum` reads from a `gib` GiB buffer (median;
+    `clock`: time.thread_time when the kernel pool has one thread, so other jobs count less)."""
     from pagedllm import _core
 
     buf = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
     _core.stream_read_sum(buf)
     times = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = clock()
         _core.stream_read_sum(buf)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return buf.numel() * 4 / statistics.median(times)
 
 
-def matmul_rate(dtype: torch.dtype, n: int = 2048, rounds: int = 5) -> float:
-    """Multiply-add FLOP/s (2 per multiply-add) of an n x n x n torch.mm in `dtype` (median)."""
+def matmul_rate(dtype: torch.dtype, n: int = 2048, rounds: int = 5,
+                clock=time.perf_counter) -> float:
+    """Multiply-add FLOP/s (2 per multiply-add) of an n x n x n torch.mm in `dtype` (median;
+    `clock` as for read_bandwidth)."""
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
     torch.mm(a, b)
     times = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = clock()
         torch.mm(a, b)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return 2 * n ** 3 / statistics.median(times)
 
 
@@ -114,8 +120,8 @@ def _prefill(eng, batch: int, prompt_len: int, max_tokens: int, vocab: int) -> L
     return ids
 
 
-def _profiled(eng, steps: int) -> Dict[str, float]:
-    prof = cProfile.Profile()
+def _profiled(eng, steps: int, clock=None) -> Dict[str, float]:
+    prof = cProfile.Profile(clock) if clock is not None else cProfile.Profile()
     prof.enable()
     for _ in range(steps):
         eng.step()
@@ -156,10 +162,12 @@ def run(model: str = "small", batch: int = 16, prompt_len: int = 128, steps: int
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.thread_time() - c0)
     context = prompt_len + 2 + steps  # mean context over the profiled steps, roughly
-    profiled = _profiled(eng, steps)
+    # one thread: profile in its CPU time too, so the buckets leave out what other jobs take
+    profiled = _profiled(eng, steps, time.thread_time if threads == 1 else None)
     eng.abort_request(list(eng.requests))
-    bw = read_bandwidth()
-    rate = matmul_rate(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    bw = read_bandwidth(clock=clock)
+    rate = matmul_rate(torch.bfloat16 if dtype == "bfloat16" else torch.float32, clock=clock)
     elem = 2 if dtype == "bfloat16" else 4
     need = floor_bytes(cfg, batch, context, elem, elem)
     flops = {k: 2 * batch * v // elem for k, v in need.items() if k != "kv"}
