@@ -248,3 +248,33 @@ def test_a_refused_call_writes_nothing():
     with pytest.raises(ValueError, match="eps must be finite"):
         _core.fused_add_rms_norm(out, x, delta, torch.ones(8), float("nan"))
     assert torch.equal(x, torch.ones(2, 8)) and torch.equal(out, torch.full((2, 8), 7.0))
+
+
+# --- pagedllm.ops: the kernels on CPU float32 / bfloat16, the torch expressions otherwise -------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # float16: the torch fallback
+def test_ops_wrappers_agree_with_the_torch_expressions(dtype):
+    from pagedllm import ops
+
+    x = _randn(6, 64, seed=1, dtype=dtype)
+    delta = _randn(6, 64, seed=2, dtype=dtype)
+    w = _randn(64, seed=3, dtype=dtype)
+    expected_x = x + delta
+    out = torch.empty_like(x)
+    ops.fused_add_rms_norm(out, x, delta, w, 1e-5)
+    assert torch.equal(x, expected_x)
+    ref = _norm64(expected_x, w, 1e-5)
+    tol = 2e-6 if dtype == torch.float32 else 4e-3
+    assert torch.allclose(out.double(), ref, rtol=tol, atol=tol)
+
+    gate_up = _randn(6, 2 * 48, seed=4, scale=3, dtype=dtype)
+    act = torch.empty(6, 48, dtype=dtype)
+    ops.silu_and_mul(act, gate_up)
+    g, u = gate_up.chunk(2, dim=-1)
+    assert torch.allclose(act.double(), (F.silu(g.float()) * u.float()).double(), rtol=tol,
+                          atol=tol)
+
+    qk = _randn(6, 5, 16, seed=5, dtype=dtype)
+    cos, sin = _tables(6, 16, dtype, seed=6)
+    expected = RotaryEmbedding.apply(qk, cos, sin)
+    ops.rotary_embedding(qk, cos, sin)
+    assert torch.equal(qk, expected)

@@ -8,7 +8,8 @@ The numerics follow transformers' LlamaForCausalLM in float32 operation for oper
 same RMSNorm, RoPE and SiLU arithmetic); only the fused matmuls and the attention kernels sum
 in a different order. On the CPU the element-wise steps are fused C++ kernels (pagedllm.ops:
 residual add + RMSNorm, RoPE in place, SiLU-and-mul), which round as the torch expressions do;
-a layer's last residual add is deferred into the next layer's first norm (forward_deferred). Parameters are created uninitialised: use `load_model` to fill them.
+a layer's last residual add is deferred into the next layer's first norm (forward_deferred).
+Parameters are created uninitialised: use `load_model` to fill them.
 `forward` applies the final norm and returns hidden states; `compute_logits` applies lm_head.
 """
 
@@ -88,10 +89,11 @@ class RMSNorm(nn.Module):
         self.shape = (hidden_size,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [n, hidden_size] -> [n, hidden_size]
-        out = torch.empty_like(x)
-        ops.rms_norm(out, x, self.weight, self.eps)
-        return out
+        # x: [..., hidden_size] -> [..., hidden_size]
+        rows = x.reshape(-1, x.shape[-1])  # [n, hidden_size] (a view when contiguous)
+        out = torch.empty_like(rows)
+        ops.rms_norm(out, rows, self.weight, self.eps)
+        return out.view(x.shape)
 
     def add_norm(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """x += delta in place (the residual stream), then returns norm(x), in one pass.
