@@ -2,7 +2,10 @@
 
 A batch of `batch` sequences is prefilled (prompt `prompt_len` tokens each), then the engine
 runs decode steps only (every sequence one token per step, greedy, forced length):
-- `steps` steps timed one by one without any profiler: the step time (median, p10, p90);
+- `steps` steps timed one by one without any profiler: the step time (median, p10, p90), and
+  its main-thread CPU time (with --threads 1 every op runs on that thread, and the profile, the
+  bandwidth and the matmul rate below are then timed in that thread's CPU time too, so that
+  other jobs on a shared machine count less);
 - the same number of steps under cProfile: the own time of every function per step, in
   buckets (layer projections, lm_head, attention kernel, KV write, RMSNorm, other torch ops,
   sampler, scheduler, runner input prep, the rest of the engine). cProfile slows the Python
@@ -17,7 +20,7 @@ runs decode steps only (every sequence one token per step, greedy, forced length
 Prints a markdown table and writes benchmarks/results/decode_step.json.
 
 Usage: PYTHONPATH=.:python python -m benchmarks.decode_step [--model small] [--batch 16]
-       [--prompt-len 128] [--steps 24] [--dtype float32|bfloat16]
+       [--prompt-len 128] [--steps 24] [--dtype float32|bfloat16] [--threads N]
 """
 
 from __future__ import annotations
@@ -53,30 +56,33 @@ BUCKETS = (
 LM_HEAD = "lm_head (in projections)"
 
 
-def read_bandwidth(gib: float = 1.0, rounds: int = 5) -> float:
-    """Bytes per second `_core.stream_read_sum` reads from a `gib` GiB buffer (median)."""
+def read_bandwidth(gib: float = 1.0, rounds: int = 5, clock=time.perf_counter) -> float:
+    """Bytes per second `_core.stream_read_sum` reads from a `gib` GiB buffer (median;
+    `clock`: time.thread_time when the kernel pool has one thread, so other jobs count less)."""
     from pagedllm import _core
 
     buf = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
     _core.stream_read_sum(buf)
     times = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = clock()
         _core.stream_read_sum(buf)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return buf.numel() * 4 / statistics.median(times)
 
 
-def matmul_rate(dtype: torch.dtype, n: int = 2048, rounds: int = 5) -> float:
-    """Multiply-add FLOP/s (2 per multiply-add) of an n x n x n torch.mm in `dtype` (median)."""
+def matmul_rate(dtype: torch.dtype, n: int = 2048, rounds: int = 5,
+                clock=time.perf_counter) -> float:
+    """Multiply-add FLOP/s (2 per multiply-add) of an n x n x n torch.mm in `dtype` (median;
+    `clock` as for read_bandwidth)."""
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
     torch.mm(a, b)
     times = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = clock()
         torch.mm(a, b)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return 2 * n ** 3 / statistics.median(times)
 
 
@@ -114,8 +120,8 @@ def _prefill(eng, batch: int, prompt_len: int, max_tokens: int, vocab: int) -> L
     return ids
 
 
-def _profiled(eng, steps: int) -> Dict[str, float]:
-    prof = cProfile.Profile()
+def _profiled(eng, steps: int, clock=None) -> Dict[str, float]:
+    prof = cProfile.Profile(clock) if clock is not None else cProfile.Profile()
     prof.enable()
     for _ in range(steps):
         eng.step()
@@ -136,25 +142,32 @@ def _profiled(eng, steps: int) -> Dict[str, float]:
 
 
 def run(model: str = "small", batch: int = 16, prompt_len: int = 128, steps: int = 24,
-        dtype: str = "float32") -> dict:
-    """Measures the decode step; returns (and writes) the figures."""
+        dtype: str = "float32", threads=None) -> dict:
+    """Measures the decode step; returns (and writes) the figures.
+
+    threads: torch and kernel threads (None: every core). With 1, every op runs on the main
+    thread, so its CPU time per step (`step_cpu_ms`) leaves out what other jobs take.
+    """
     from pagedllm.model.checkpoint import random_config
 
     cfg = random_config(model)
-    engine = PagedEngine(checkpoint(model), dtype=dtype)
+    engine = PagedEngine(checkpoint(model), dtype=dtype, num_threads=threads)
     eng = engine.llm.engine
     _prefill(eng, batch, prompt_len, 3 * steps + 8, cfg.vocab_size)
     eng.step()  # one warm decode step
-    times = []
+    times, cpu_times = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         eng.step()
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.thread_time() - c0)
     context = prompt_len + 2 + steps  # mean context over the profiled steps, roughly
-    profiled = _profiled(eng, steps)
+    # one thread: profile in its CPU time too, so the buckets leave out what other jobs take
+    profiled = _profiled(eng, steps, time.thread_time if threads == 1 else None)
     eng.abort_request(list(eng.requests))
-    bw = read_bandwidth()
-    rate = matmul_rate(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    bw = read_bandwidth(clock=clock)
+    rate = matmul_rate(torch.bfloat16 if dtype == "bfloat16" else torch.float32, clock=clock)
     elem = 2 if dtype == "bfloat16" else 4
     need = floor_bytes(cfg, batch, context, elem, elem)
     flops = {k: 2 * batch * v // elem for k, v in need.items() if k != "kv"}
@@ -164,8 +177,10 @@ def run(model: str = "small", batch: int = 16, prompt_len: int = 128, steps: int
     q = statistics.quantiles(times, n=10)
     out = {"benchmark": "decode_step", "model": model, "dtype": dtype, "batch": batch,
            "prompt_len": prompt_len, "steps": steps, "context_tokens": context,
+           "threads": threads,
            "step_ms": {"median": round(1e3 * statistics.median(times), 2),
                        "p10": round(1e3 * q[0], 2), "p90": round(1e3 * q[-1], 2)},
+           "step_cpu_ms": round(1e3 * statistics.median(cpu_times), 2),
            "profiled_ms_per_step": {k: round(v, 3) for k, v in profiled.items()},
            "read_bandwidth_gb_s": round(bw / 1e9, 2),
            "matmul_gflop_s": round(rate / 1e9, 1),
@@ -199,7 +214,8 @@ def markdown(r: dict) -> str:
         "| --- | ---: | ---: | ---: |", *rows,
         f"| **profiled step** | {total:.2f} | | **{r['floor_ms_total']:.2f}** |",
         f"| **step without the profiler** | {s['median']:.2f} (p10 {s['p10']:.2f}, "
-        f"p90 {s['p90']:.2f}) | | |"])
+        f"p90 {s['p90']:.2f}) | | |",
+        f"| **main-thread CPU time per step** | {r.get('step_cpu_ms', float('nan')):.2f} | | |"])
 
 
 def main() -> None:
@@ -209,8 +225,9 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--threads", type=int, default=None, help="torch / kernel threads")
     a = ap.parse_args()
-    print(markdown(run(a.model, a.batch, a.prompt_len, a.steps, a.dtype)))
+    print(markdown(run(a.model, a.batch, a.prompt_len, a.steps, a.dtype, a.threads)))
 
 
 if __name__ == "__main__":

@@ -89,37 +89,6 @@ void swap_blocks(py::handle src, py::handle dst, py::handle block_mapping) {
   k::swap_blocks(p);
 }
 
-void rms_norm(py::handle out, py::handle x, py::handle weight, double eps) {
-  const Tensor ot(out, "out"), xt(x, "x"), wt(weight, "weight");
-  for (const Tensor* t : {&ot, &xt, &wt}) {
-    t->require_cpu();
-    PAGEDLLM_CHECK_ARG(t->dtype() == DType::kFloat32,
-                       t->name() << " must be float32, got " << t->describe());
-  }
-  xt.require_ndim(2);
-  ot.require_ndim(2);
-  wt.require_ndim(1);
-  ot.require_writable();
-  PAGEDLLM_CHECK_ARG(ot.size(0) == xt.size(0) && ot.size(1) == xt.size(1),
-                     "out " << ot.describe() << " must have the shape of x " << xt.describe());
-  PAGEDLLM_CHECK_ARG(wt.size(0) == xt.size(1), "weight " << wt.describe() << " must be ["
-                                                         << xt.size(1) << "] (x's last dim)");
-  for (const Tensor* t : {&ot, &xt}) t->require_inner_contiguous(1);
-  wt.require_inner_contiguous(0);
-  k::RMSNormParams p;
-  p.x = static_cast<const float*>(xt.data());
-  p.out = static_cast<float*>(ot.data());
-  p.weight = static_cast<const float*>(wt.data());
-  p.rows = xt.size(0);
-  p.cols = to_i32(xt.size(1), "cols");
-  // a single row may report any stride: it is never used
-  p.x_row_stride = p.rows > 1 ? xt.stride(0) : p.cols;
-  p.out_row_stride = p.rows > 1 ? ot.stride(0) : p.cols;
-  p.eps = static_cast<float>(eps);
-  py::gil_scoped_release release;
-  k::rms_norm(p);
-}
-
 double stream_read_sum(py::handle x) {
   const Tensor t(x, "x");
   t.require_cpu();
@@ -153,9 +122,6 @@ void bind_kernels(py::module_& m) {
         "Copies block src -> dst (int [k, 2] pairs) inside every cache tensor of `caches`.");
   m.def("swap_blocks", &swap_blocks, py::arg("src"), py::arg("dst"), py::arg("block_mapping"),
         "Copies block src of `src` to block dst of `dst` for each (src, dst) pair.");
-  m.def("rms_norm", &rms_norm, py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("eps"),
-        "out = weight * x / sqrt(mean(x^2, last dim) + eps) for float32 x [rows, cols] "
-        "(out may be x).");
   m.def("set_num_threads", &k::set_num_threads, py::arg("n"),
         "Sets the number of threads of the kernel thread pool.");
   m.def("get_num_threads", &k::get_num_threads, "Threads of the kernel thread pool.");
@@ -174,6 +140,7 @@ void bind_kernels(py::module_& m) {
         "then the opt-in avx512_bf16.");
   m.def("force_generic_kernels", &k::force_generic_kernels, py::arg("on"),
         "Forces the portable attention kernel (True) or the best one for this CPU (False).");
+  bind_fused_kernels(m);  // bind_fused.cpp: rms_norm, fused_add_rms_norm, silu_and_mul, RoPE
 }
 
 }  // namespace pagedllm::python

@@ -161,19 +161,86 @@ def copy_blocks(caches: Sequence[torch.Tensor], block_mapping: torch.Tensor) -> 
     backend.copy_blocks(list(caches), block_mapping)
 
 
+# --- fused element-wise ops of a layer: _core on CPU float32 / bfloat16, torch elsewhere -------
+_FUSED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _fused_on_cpu(x: torch.Tensor) -> bool:
+    return not x.is_cuda and x.dtype in _FUSED_DTYPES
+
+
+def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # float32: F.rms_norm; other dtypes: transformers' sequence (fp32 statistics, round, scale)
+    if x.dtype == torch.float32:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
 def rms_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    """out = weight * x / sqrt(mean(x^2) + eps) per row, float32 (the CPU kernel); other
-    devices or dtypes use torch's F.rms_norm.
+    """out = weight * x / sqrt(mean(x^2) + eps) per row (statistics in float32; bfloat16 rounds
+    the normalised row before the weight, as transformers).
 
     Args:
-        out, x: [rows, hidden] float32 (out may be a fresh tensor; rows contiguous).
+        out, x: [rows, hidden], rows contiguous (out may be x).
         weight: [hidden].
         eps: added to the mean of squares.
     """
-    if x.is_cuda or x.dtype != torch.float32:
-        out.copy_(torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps))
+    if _fused_on_cpu(x):
+        _core.rms_norm(out, x, weight, eps)
+    else:
+        out.copy_(_torch_rms_norm(x, weight, eps))
+
+
+def fused_add_rms_norm(out: torch.Tensor, x: torch.Tensor, delta: torch.Tensor,
+                       weight: torch.Tensor, eps: float) -> None:
+    """x += delta in place, then out = rms_norm(x): vLLM's fused_add_rms_norm, one pass on CPU.
+
+    Args:
+        out: [rows, hidden], written.
+        x: [rows, hidden], the residual stream, updated in place.
+        delta: [rows, hidden], added to x.
+        weight, eps: as for rms_norm.
+    """
+    if _fused_on_cpu(x):
+        _core.fused_add_rms_norm(out, x, delta, weight, eps)
         return
-    _core.rms_norm(out, x, weight, eps)
+    x += delta
+    out.copy_(_torch_rms_norm(x, weight, eps))
+
+
+def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
+    """out = silu(x[:, :f]) * x[:, f:] (vLLM's silu_and_mul), one pass on CPU.
+
+    Args:
+        out: [rows, f], written.
+        x: [rows, 2 * f], the gate then the up projection.
+    """
+    if _fused_on_cpu(x):
+        _core.silu_and_mul(out, x)
+        return
+    gate, up = x.chunk(2, dim=-1)
+    torch.mul(torch.nn.functional.silu(gate), up, out=out)
+
+
+def rotary_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotates every head of every token in place: x = x * cos + swap_halves(x) * sin.
+
+    Args:
+        x: [num_tokens, num_heads, head_dim], any token / head strides, head_dim contiguous
+            (q and k of a fused projection, say).
+        cos, sin: [num_tokens, 1, head_dim] from pagedllm.model.rope.RotaryEmbedding.tables
+            (of x's dtype).
+    """
+    if _fused_on_cpu(x):
+        _core.rotary_embedding(x, cos, sin)
+        return
+    t, n, d = x.shape
+    swapped = x.reshape(t, n, 2, d // 2).flip(2).reshape(t, n, d)
+    rotated = x * cos
+    rotated += swapped * sin
+    x.copy_(rotated)
 
 
 def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tensor) -> None:

@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence as Seq, Tuple
 
 import torch
 
+from pagedllm import _core
 from pagedllm.engine.sequence import Sequence
 from pagedllm.sampling_params import SamplingParams
 
@@ -80,6 +81,10 @@ class Sampler:
             raw = logits.index_select(0, torch.as_tensor(row_ids, dtype=torch.long)).float()
         # raw: [S, vocab]
         need_lp = [t.params.logprobs is not None or t.params.best_of > t.params.n for t in targets]
+        if not any(need_lp) and all(self._plain_greedy(t, raw.shape[1]) for t in targets):
+            fast = _greedy_tokens(raw)
+            if fast is not None:  # None: a non-finite row, handled below
+                return [SampleResult(tok) for tok in fast]
         raw_lp = torch.log_softmax(raw, dim=-1) if any(need_lp) else None  # [S, vocab]
 
         x = self._apply_penalties(raw, targets)
@@ -140,15 +145,25 @@ class Sampler:
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
         return x
 
+    def _banned(self, t: SampleTarget, vocab: int) -> List[int]:
+        """The token ids t may not draw yet (EOS and stop tokens until min_tokens)."""
+        if t.seq.num_output_tokens >= t.params.min_tokens:
+            return []
+        banned = set(t.params.stop_token_ids)
+        if not t.params.ignore_eos:
+            banned.update(self.eos_token_ids)
+        return [b for b in banned if 0 <= b < vocab]
+
+    def _plain_greedy(self, t: SampleTarget, vocab: int) -> bool:
+        """Whether t is an argmax of its raw logits: greedy, no penalty, nothing banned."""
+        p = t.params
+        return (p.greedy and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
+                and p.presence_penalty == 0.0 and not self._banned(t, vocab))
+
     def _suppress_until_min_tokens(self, x: torch.Tensor, targets: List[SampleTarget]) -> torch.Tensor:
         cloned = False
         for i, t in enumerate(targets):
-            if t.seq.num_output_tokens >= t.params.min_tokens:
-                continue
-            banned = set(t.params.stop_token_ids)
-            if not t.params.ignore_eos:
-                banned.update(self.eos_token_ids)
-            banned = [b for b in banned if 0 <= b < x.shape[1]]
+            banned = self._banned(t, x.shape[1])
             if banned:
                 if not cloned:
                     x, cloned = x.clone(), True
@@ -186,6 +201,25 @@ class Sampler:
             if t.seq.generator is not None:
                 q[i].exponential_(generator=t.seq.generator)
         return (probs / q).argmax(dim=-1)
+
+
+def _greedy_tokens(raw: torch.Tensor) -> Optional[List[int]]:
+    """Each row's argmax in one vectorised pass (`_core.argmax_rows`: no probabilities, no
+    copies; torch's argmax is scalar here, 10x slower), or None when a row's maximum is not a
+    finite float above the lowest one (NaN and +-inf rows take the exact path of _keep_finite,
+    which this equals on every other row).
+
+    Args:
+        raw: float32 [S, vocab] on the CPU, one row per target.
+    """
+    if (raw.shape[1] == 0 or raw.dtype != torch.float32 or raw.device.type != "cpu"
+            or raw.stride(-1) != 1):
+        return None
+    index = torch.empty(raw.shape[0], dtype=torch.long)                     # [S]
+    maxima = torch.empty(raw.shape[0], dtype=torch.float32)                 # [S]
+    if _core.argmax_rows(raw, index, maxima):
+        return None
+    return index.tolist()
 
 
 def _keep_finite(x: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:

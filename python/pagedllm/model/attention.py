@@ -89,7 +89,12 @@ class AttentionMetadata:
         self.decode_context_lens = self.context_lens[:nd]
         self.prefill_block_tables = self.block_tables[nd:]
         self.prefill_context_lens = self.context_lens[nd:]
-        self.prefill_cu_seqlens_q = cu[nd:] - nd if nd else cu
+        if not nd:
+            self.prefill_cu_seqlens_q = cu
+        elif self.num_prefill_seqs:
+            self.prefill_cu_seqlens_q = cu[nd:] - nd
+        else:  # decode only: [0] (cu[0]), a view, no tensor op
+            self.prefill_cu_seqlens_q = cu[:1]
 
 
 def _check(t: torch.Tensor, name: str, dim: int, dtypes: tuple[torch.dtype, ...]) -> None:

@@ -6,7 +6,10 @@ of the new k/v -> paged attention (decode and prefill kernels from _core) -> o_p
 
 The numerics follow transformers' LlamaForCausalLM in float32 operation for operation (the
 same RMSNorm, RoPE and SiLU arithmetic); only the fused matmuls and the attention kernels sum
-in a different order. Parameters are created uninitialised: use `load_model` to fill them.
+in a different order. On the CPU the element-wise steps are fused C++ kernels (pagedllm.ops:
+residual add + RMSNorm, RoPE in place, SiLU-and-mul), which round as the torch expressions do;
+a layer's last residual add is deferred into the next layer's first norm (forward_deferred).
+Parameters are created uninitialised: use `load_model` to fill them.
 `forward` applies the final norm and returns hidden states; `compute_logits` applies lm_head.
 """
 
@@ -73,9 +76,10 @@ class Embedding(nn.Module):
 class RMSNorm(nn.Module):
     """weight * x / sqrt(mean(x^2) + eps) over the last dim, statistics in float32.
 
-    float32 on the CPU: `_core.rms_norm` (transformers' LlamaRMSNorm arithmetic up to summation
-    order; torch's own rms_norm is 5-10x slower on prefill-sized inputs here). float32 elsewhere:
-    F.rms_norm. bfloat16: transformers' exact sequence (normalise in fp32, round, then scale).
+    float32 / bfloat16 on the CPU: `_core.rms_norm` (transformers' LlamaRMSNorm arithmetic up to
+    summation order; torch's own rms_norm is 5-10x slower on prefill-sized inputs here); bfloat16
+    rounds as transformers does (normalise in fp32, round, then scale). Elsewhere the same in
+    torch ops (pagedllm.ops.rms_norm).
     """
 
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
@@ -85,17 +89,24 @@ class RMSNorm(nn.Module):
         self.shape = (hidden_size,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [n, hidden_size] -> [n, hidden_size]
-        if x.dtype == torch.float32:
-            if x.device.type == "cpu":
-                rows = x.reshape(-1, x.shape[-1])  # [n, hidden] (a view when contiguous)
-                out = torch.empty_like(rows)
-                ops.rms_norm(out, rows, self.weight, self.eps)
-                return out.view(x.shape)
-            return F.rms_norm(x, self.shape, self.weight, self.eps)
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        # x: [..., hidden_size] -> [..., hidden_size]
+        rows = x.reshape(-1, x.shape[-1])  # [n, hidden_size] (a view when contiguous)
+        out = torch.empty_like(rows)
+        ops.rms_norm(out, rows, self.weight, self.eps)
+        return out.view(x.shape)
+
+    def add_norm(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """x += delta in place (the residual stream), then returns norm(x), in one pass.
+
+        Args:
+            x: [n, hidden_size], updated in place.
+            delta: [n, hidden_size], what the previous block adds to the residual stream.
+        Returns:
+            [n, hidden_size], the norm of the updated x.
+        """
+        out = torch.empty_like(x)
+        ops.fused_add_rms_norm(out, x, delta, self.weight, self.eps)
+        return out
 
 
 class LlamaAttention(nn.Module):
@@ -117,11 +128,12 @@ class LlamaAttention(nn.Module):
         # x: [num_tokens, hidden_size]; cos/sin: [num_tokens, 1, head_dim]
         t = x.shape[0]
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
-        # q and k rotated together: [num_tokens, num_heads + num_kv_heads, head_dim] contiguous
-        qk_in = qkv[:, :self.q_size + self.kv_size]
-        qk = RotaryEmbedding.apply(
-            qk_in.view(t, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
-        q = qk[:, :self.num_heads]       # [num_tokens, num_heads, head_dim] (row stride of qk)
+        # q and k rotated together, in place in qkv:
+        # qk: [num_tokens, num_heads + num_kv_heads, head_dim] (token stride of qkv)
+        qk = qkv[:, :self.q_size + self.kv_size].view(
+            t, self.num_heads + self.num_kv_heads, self.head_dim)
+        ops.rotary_embedding(qk, cos, sin)
+        q = qk[:, :self.num_heads]       # [num_tokens, num_heads, head_dim]
         k = qk[:, self.num_heads:]       # [num_tokens, num_kv_heads, head_dim]
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, k, v, kv.key_cache(layer), kv.value_cache(layer), meta,
@@ -145,9 +157,9 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [n, hidden_size] -> gate_up: [n, 2 * intermediate_size]
         gate_up = self.gate_up_proj(x)
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        # act: [n, intermediate_size]
-        act = torch.mul(F.silu(gate, inplace=True), up)
+        # act: [n, intermediate_size] = silu(gate) * up
+        act = gate_up.new_empty((gate_up.shape[0], self.intermediate_size))
+        ops.silu_and_mul(act, gate_up)
         return self.down_proj(act)
 
 
@@ -164,9 +176,27 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: AttentionMetadata, kv: PagedKVCache, layer: int) -> torch.Tensor:
         # x: [num_tokens, hidden_size], updated in place and returned
-        x += self.self_attn(self.input_layernorm(x), cos, sin, meta, kv, layer)
-        x += self.mlp(self.post_attention_layernorm(x))
+        x += self.forward_deferred(x, None, cos, sin, meta, kv, layer)
         return x
+
+    def forward_deferred(self, x: torch.Tensor, pending: Optional[torch.Tensor],
+                         cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata,
+                         kv: PagedKVCache, layer: int) -> torch.Tensor:
+        """The layer with its residual adds fused into the norms that follow them.
+
+        Args:
+            x: [num_tokens, hidden_size], the residual stream, updated in place.
+            pending: [num_tokens, hidden_size], the previous layer's MLP output not yet added
+                to x (added here, fused into the input norm), or None.
+            cos, sin, meta, kv, layer: as for forward.
+        Returns:
+            [num_tokens, hidden_size]: this layer's MLP output, not yet added to x (the caller
+            adds it, or hands it to the next layer or the final norm).
+        """
+        h = self.input_layernorm(x) if pending is None else self.input_layernorm.add_norm(x, pending)
+        h = self.post_attention_layernorm.add_norm(
+            x, self.self_attn(h, cos, sin, meta, kv, layer))
+        return self.mlp(h)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -259,6 +289,11 @@ class LlamaForCausalLM(nn.Module):
             x = inputs_embeds
         # cos, sin: [num_tokens, 1, head_dim], shared by every layer
         cos, sin = self.rotary.tables(positions, self.dtype)
+        if observer is None and all(type(m) is LlamaDecoderLayer for m in self.layers):
+            pending = None  # each layer's MLP output, added in the next norm
+            for i, layer in enumerate(self.layers):
+                pending = layer.forward_deferred(x, pending, cos, sin, meta, kv, i)
+            return self.norm(x) if pending is None else self.norm.add_norm(x, pending)
         if observer is None:
             for i, layer in enumerate(self.layers):
                 x = layer(x, cos, sin, meta, kv, i)

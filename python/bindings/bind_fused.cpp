@@ -1,0 +1,177 @@
+// Bindings of the fused element-wise kernels (pagedllm/kernels/fused_ops.h): rms_norm,
+// fused_add_rms_norm, silu_and_mul, rotary_embedding. Shapes, dtypes, devices and layouts are
+// checked here one line at a time, then the GIL is released for the work.
+#include <cstdint>
+
+#include "bindings.h"
+#include "dlpack_tensor.h"
+#include "kernel_args.h"
+#include "pagedllm/error.h"
+#include "pagedllm/kernels/fused_ops.h"
+
+namespace py = pybind11;
+namespace k = pagedllm::kernels;
+
+namespace pagedllm::python {
+namespace {
+
+// The element type of every tensor of one call: float32 or bfloat16, all the same.
+k::ScalarType common_float_type(std::initializer_list<const Tensor*> ts) {
+  const Tensor& first = **ts.begin();
+  for (const Tensor* t : ts) {
+    t->require_cpu();
+    PAGEDLLM_CHECK_ARG(t->dtype() == DType::kFloat32 || t->dtype() == DType::kBFloat16,
+                       t->name() << " must be float32 or bfloat16, got " << t->describe());
+    PAGEDLLM_CHECK_ARG(t->dtype() == first.dtype(), t->name() << " is " << t->describe() << " but "
+                                                              << first.name() << " is "
+                                                              << dtype_name(first.dtype()));
+  }
+  return first.dtype() == DType::kFloat32 ? k::ScalarType::kFloat32 : k::ScalarType::kBFloat16;
+}
+
+// Checks t is [rows, cols] (`what`: where that shape comes from) with contiguous rows; returns
+// the row stride (a single row may report any stride).
+int64_t row_stride(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
+  t.require_ndim(2);
+  PAGEDLLM_CHECK_ARG(t.size(0) == rows && t.size(1) == cols,
+                     t.name() << " " << t.describe() << " must have the shape of " << what << " ["
+                              << rows << ", " << cols << "]");
+  t.require_inner_contiguous(1);
+  return rows > 1 ? t.stride(0) : cols;
+}
+
+void add_rms_norm(py::handle out, py::handle x, py::handle delta, py::handle weight, double eps) {
+  const Tensor ot(out, "out"), xt(x, "x"), wt(weight, "weight");
+  const bool fused = !delta.is_none();
+  const Tensor dt(fused ? delta : x, fused ? "delta" : "x");
+  k::AddRMSNormParams p;
+  p.dtype = common_float_type({&xt, &ot, &wt, &dt});
+  xt.require_ndim(2);
+  p.rows = xt.size(0);
+  p.cols = to_i32(xt.size(1), "cols");
+  p.x_row_stride = row_stride(xt, p.rows, p.cols, "x");
+  p.out_row_stride = row_stride(ot, p.rows, p.cols, "x");
+  ot.require_writable();
+  if (fused) {
+    xt.require_writable();
+    p.delta_row_stride = row_stride(dt, p.rows, p.cols, "x");
+    p.delta = dt.data();
+  }
+  wt.require_ndim(1);
+  PAGEDLLM_CHECK_ARG(wt.size(0) == p.cols, "weight " << wt.describe() << " must be [" << p.cols
+                                                     << "] (x's last dim)");
+  wt.require_inner_contiguous(0);
+  p.x = xt.data();
+  p.out = ot.data();
+  p.weight = wt.data();
+  p.eps = static_cast<float>(eps);
+  py::gil_scoped_release release;
+  k::add_rms_norm(p);
+}
+
+void rms_norm(py::handle out, py::handle x, py::handle weight, double eps) {
+  add_rms_norm(out, x, py::none(), weight, eps);
+}
+
+void silu_and_mul(py::handle out, py::handle x) {
+  const Tensor ot(out, "out"), xt(x, "x");
+  k::SiluAndMulParams p;
+  p.dtype = common_float_type({&xt, &ot});
+  xt.require_ndim(2);
+  PAGEDLLM_CHECK_ARG(xt.size(1) % 2 == 0 && xt.size(1) > 0,
+                     "x " << xt.describe() << " must be [rows, 2 * f] (gate then up), f >= 1");
+  p.rows = xt.size(0);
+  p.cols = to_i32(xt.size(1) / 2, "cols");
+  p.x_row_stride = row_stride(xt, p.rows, 2 * int64_t{p.cols}, "x");
+  p.out_row_stride = row_stride(ot, p.rows, p.cols, "half of x (out)");
+  ot.require_writable();
+  p.x = xt.data();
+  p.out = ot.data();
+  py::gil_scoped_release release;
+  k::silu_and_mul(p);
+}
+
+// A [num_tokens, head_dim] or [num_tokens, 1, head_dim] table; returns its token stride.
+int64_t table_stride(const Tensor& t, int64_t tokens, int64_t head_dim) {
+  PAGEDLLM_CHECK_ARG(t.ndim() == 2 || (t.ndim() == 3 && t.size(1) == 1),
+                     t.name() << " " << t.describe() << " must be [num_tokens, head_dim] or "
+                                                        "[num_tokens, 1, head_dim]");
+  const int last = t.ndim() - 1;
+  PAGEDLLM_CHECK_ARG(t.size(0) == tokens && t.size(last) == head_dim,
+                     t.name() << " " << t.describe() << " must have " << tokens
+                              << " tokens of head_dim " << head_dim << " (x's)");
+  t.require_inner_contiguous(last);
+  return tokens > 1 ? t.stride(0) : head_dim;
+}
+
+void rotary_embedding(py::handle x, py::handle cos, py::handle sin) {
+  const Tensor xt(x, "x"), ct(cos, "cos"), st(sin, "sin");
+  k::RotaryParams p;
+  p.dtype = common_float_type({&xt, &ct, &st});
+  xt.require_ndim(3);
+  xt.require_writable();
+  xt.require_inner_contiguous(2);
+  p.num_tokens = xt.size(0);
+  p.num_heads = to_i32(xt.size(1), "num_heads");
+  p.head_dim = to_i32(xt.size(2), "head_dim");
+  PAGEDLLM_CHECK_ARG(p.head_dim % 2 == 0, "x " << xt.describe() << ": head_dim must be even");
+  p.x_token_stride = xt.stride(0);
+  p.x_head_stride = xt.stride(1);
+  p.cos_token_stride = table_stride(ct, p.num_tokens, p.head_dim);
+  p.sin_token_stride = table_stride(st, p.num_tokens, p.head_dim);
+  p.x = xt.data();
+  p.cos = ct.data();
+  p.sin = st.data();
+  py::gil_scoped_release release;
+  k::rotary_embedding(p);
+}
+
+int64_t argmax_rows(py::handle x, py::handle index, py::handle max_value) {
+  const Tensor xt(x, "x"), it(index, "index"), mt(max_value, "max_value");
+  for (const Tensor* t : {&xt, &it, &mt}) t->require_cpu();
+  PAGEDLLM_CHECK_ARG(xt.dtype() == DType::kFloat32, "x must be float32, got " << xt.describe());
+  PAGEDLLM_CHECK_ARG(it.dtype() == DType::kInt64, "index must be int64, got " << it.describe());
+  PAGEDLLM_CHECK_ARG(mt.dtype() == DType::kFloat32,
+                     "max_value must be float32, got " << mt.describe());
+  xt.require_ndim(2);
+  k::ArgmaxParams p;
+  p.rows = xt.size(0);
+  p.cols = xt.size(1);
+  p.x_row_stride = row_stride(xt, p.rows, p.cols, "x");
+  for (const Tensor* t : {&it, &mt}) {
+    t->require_ndim(1);
+    PAGEDLLM_CHECK_ARG(t->size(0) == p.rows, t->name() << " " << t->describe() << " must be ["
+                                                      << p.rows << "] (x's rows)");
+    t->require_inner_contiguous(0);
+    t->require_writable();
+  }
+  p.x = static_cast<const float*>(xt.data());
+  p.index = static_cast<int64_t*>(it.data());
+  p.max_value = static_cast<float*>(mt.data());
+  py::gil_scoped_release release;
+  return k::argmax_rows(p);
+}
+
+}  // namespace
+
+void bind_fused_kernels(py::module_& m) {
+  m.def("rms_norm", &rms_norm, py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("eps"),
+        "out = weight * x / sqrt(mean(x^2, last dim) + eps) for x [rows, cols], float32 or "
+        "bfloat16 (normalised row rounded before the weight, as transformers); out may be x.");
+  m.def("fused_add_rms_norm", &add_rms_norm, py::arg("out"), py::arg("x"), py::arg("delta"),
+        py::arg("weight"), py::arg("eps"),
+        "x += delta in place (the residual stream), then out = rms_norm(x); float32 or "
+        "bfloat16 [rows, cols]; delta None: a plain rms_norm.");
+  m.def("silu_and_mul", &silu_and_mul, py::arg("out"), py::arg("x"),
+        "out [rows, f] = silu(x[:, :f]) * x[:, f:] for x [rows, 2 f], float32 or bfloat16.");
+  m.def("rotary_embedding", &rotary_embedding, py::arg("x"), py::arg("cos"), py::arg("sin"),
+        "RoPE in place on x [num_tokens, heads, head_dim] (any token / head strides): "
+        "x = x * cos + swap_halves(x) * sin with cos / sin [num_tokens, (1,) head_dim] "
+        "(sin's first half negated: pagedllm.model.rope's tables); float32 or bfloat16.");
+  m.def("argmax_rows", &argmax_rows, py::arg("x"), py::arg("index"), py::arg("max_value"),
+        "Per row of float32 x [rows, cols]: index (int64 [rows]) of its first maximum and "
+        "max_value (float32 [rows]; NaN if the row holds one). Returns how many rows have a "
+        "maximum that is not a finite float above the lowest one.");
+}
+
+}  // namespace pagedllm::python
