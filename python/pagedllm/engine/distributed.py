@@ -45,13 +45,15 @@ class StepInputs:
     transfer: KVTransferPlan
     multimodal: Optional[Any] = None  # StepMultiModal; None (TP refuses multimodal models)
     sparse: Optional[Any] = None      # SparsePlan: the decode rows' block lists (None: dense)
+    cross: Optional[Any] = None       # StepCross; None (TP refuses Mllama models)
 
     @classmethod
     def of(cls, out) -> "StepInputs":
         """The worker's part of a SchedulerOutput."""
         return cls(out.num_decode_seqs, out.input_ids, out.positions, out.slot_mapping,
                    out.block_tables, out.context_lens, out.cu_seqlens_q, out.logits_indices,
-                   list(out.prompt_logit_spans), out.transfer, out.multimodal, out.sparse)
+                   list(out.prompt_logit_spans), out.transfer, out.multimodal, out.sparse,
+                   out.cross)
 
 
 class TorchDistComm:
