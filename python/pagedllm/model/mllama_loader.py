@@ -19,7 +19,6 @@ import torch
 
 from pagedllm.model import safetensors_files as st
 from pagedllm.model.config import ModelConfig
-from pagedllm.model.errors import CheckpointError
 from pagedllm.model.mllama import MllamaForConditionalGeneration
 from pagedllm.model.mllama_config import (EMBED_EXTRA_ROWS, MllamaConfig, is_mllama_checkpoint,
                                           read_mllama_config)
@@ -35,7 +34,6 @@ _RENAMES = (  # checkpoint prefix -> canonical prefix, first match wins
     (re.compile(r"^model\.language_model\."), "model."),
     (re.compile(r"^language_model\.lm_head\."), "lm_head."),
 )
-_MAX_LISTED = 12
 _CROSS_TENSORS = ("cross_attn.q_proj.weight", "cross_attn.k_proj.weight",
                   "cross_attn.v_proj.weight", "cross_attn.o_proj.weight",
                   "cross_attn.q_norm.weight", "cross_attn.k_norm.weight")
@@ -119,55 +117,14 @@ def load_mllama(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     files, _ = st.weight_files(path)
     found = st.scan(files)
     slots = expected_mllama_tensors(cfg)
-    by_ckpt = _match(path, slots, found)
+    by_ckpt = st.match_tensors(path, slots, found, canonical_name,
+                               "MllamaForConditionalGeneration", _IGNORED)
     model = MllamaForConditionalGeneration(cfg, dtype, MllamaVisionModel(cfg.vision, dtype))
-    params = dict(model.named_parameters())
-    by_file: dict[str, list[str]] = {}
-    for ckpt_name in by_ckpt:
-        by_file.setdefault(found[ckpt_name].file, []).append(ckpt_name)
-    for file, names in by_file.items():
-        st.fill(file, names, by_ckpt, params)
+    st.fill_matched(by_ckpt, found, dict(model.named_parameters()))
     if prepack:
         model.prepack_weights()
     return model.eval(), cfg.self_text
 
-
-def _match(path: str, slots: dict[str, TensorSlot], found: dict) -> dict[str, TensorSlot]:
-    """Checkpoint name -> slot for every tensor to load; raises listing every problem."""
-    problems: list[str] = []
-    by_ckpt: dict[str, TensorSlot] = {}
-    seen: dict[str, str] = {}
-    for name, info in found.items():
-        if name.endswith(_IGNORED):
-            continue
-        canon = canonical_name(name)
-        if canon in seen:
-            problems.append(f"{info.file}: tensor {name!r} and {seen[canon]!r} are the same "
-                            f"weight ({canon}); expected it once")
-            continue
-        seen[canon] = name
-        slot = slots.get(canon)
-        if info.dtype not in st.USABLE_DTYPES:
-            problems.append(f"{info.file}: tensor {name!r} has dtype {info.dtype}, expected one "
-                            f"of {', '.join(st.USABLE_DTYPES)}")
-        if slot is None:
-            problems.append(f"{info.file}: unexpected tensor {name!r} (not part of an "
-                            f"MllamaForConditionalGeneration with this config)")
-        elif tuple(info.shape) != tuple(slot.shape):
-            problems.append(f"{info.file}: tensor {name!r} has shape {list(info.shape)}, "
-                            f"expected {list(slot.shape)}")
-        else:
-            by_ckpt[name] = slot
-    for canon in slots:
-        if canon not in seen:
-            problems.append(f"{path}: missing tensor {canon!r}")
-    if problems:
-        listed = "\n  - ".join(problems[:_MAX_LISTED])
-        extra = len(problems) - _MAX_LISTED
-        more = f"\n  ... and {extra} more" if extra > 0 else ""
-        raise CheckpointError(f"{path}: the weights do not match config.json "
-                              f"({len(problems)} problem(s))\n  - {listed}{more}")
-    return by_ckpt
 
 
 def maybe_load_mllama(path: str, dtype: torch.dtype, prepack: bool

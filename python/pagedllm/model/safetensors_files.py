@@ -1,15 +1,17 @@
 """The safetensors side of loading a checkpoint directory: which files to read (a single
 model.safetensors or the shards an index names; pickles refused), every tensor's header
 (file, shape, dtype) without reading data, and copying named tensors into rows of model
-parameters with a finiteness check. Shared by the Llama loader (loader.py), the LLaVA loader
-and the tensor-parallel shard loader; any problem raises CheckpointError naming the file.
+parameters with a finiteness check; for the multimodal loaders, the match of a directory's
+tensors against the model's expected ones with every problem listed at once. Shared by the
+Llama loader (loader.py), the LLaVA and Mllama loaders and the tensor-parallel shard loader; any
+problem raises CheckpointError naming the file.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -106,3 +108,73 @@ def fill(file: str, names: list[str], slots: dict[str, TensorSlot],
                                           f"values (after conversion to {dst.dtype})")
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{file}: reading the tensors failed ({e})") from None
+
+
+MAX_LISTED = 12  # problems a match error lists before "... and N more"
+
+
+def match_tensors(path: str, slots: dict[str, TensorSlot], found: dict[str, TensorInfo],
+                  canonical: Callable[[str], str], architecture: str,
+                  ignored: tuple[str, ...] = (),
+                  tolerated: Callable[[str], bool] = lambda canon: False
+                  ) -> dict[str, TensorSlot]:
+    """Checkpoint name -> slot for every tensor to load.
+
+    Args:
+        path: the checkpoint directory (for the messages).
+        slots: canonical name -> where it goes, every tensor the model expects.
+        found: checkpoint name -> header, from scan().
+        canonical: maps a checkpoint name (any supported layout) to its canonical name.
+        architecture: the model class the names belong to, for "unexpected tensor" messages.
+        ignored: name suffixes skipped (buffers some exports save).
+        tolerated: canonical names that may be present without a slot (skipped, unused).
+    Returns:
+        checkpoint name -> slot.
+    Raises:
+        CheckpointError: listing every duplicate, unexpected, missing, wrong-dtype and
+            wrong-shape tensor at once.
+    """
+    problems: list[str] = []
+    by_ckpt: dict[str, TensorSlot] = {}
+    seen: dict[str, str] = {}
+    for name, info in found.items():
+        if name.endswith(ignored):
+            continue
+        canon = canonical(name)
+        if canon in seen:
+            problems.append(f"{info.file}: tensor {name!r} and {seen[canon]!r} are the same "
+                            f"weight ({canon}); expected it once")
+            continue
+        seen[canon] = name
+        slot = slots.get(canon)
+        if slot is None and tolerated(canon):
+            continue
+        if info.dtype not in USABLE_DTYPES:
+            problems.append(f"{info.file}: tensor {name!r} has dtype {info.dtype}, expected one "
+                            f"of {', '.join(USABLE_DTYPES)}")
+        if slot is None:
+            problems.append(f"{info.file}: unexpected tensor {name!r} (not part of a "
+                            f"{architecture} with this config)")
+        elif tuple(info.shape) != tuple(slot.shape):
+            problems.append(f"{info.file}: tensor {name!r} has shape {list(info.shape)}, "
+                            f"expected {list(slot.shape)}")
+        else:
+            by_ckpt[name] = slot
+    problems += [f"{path}: missing tensor {canon!r}" for canon in slots if canon not in seen]
+    if problems:
+        listed = "\n  - ".join(problems[:MAX_LISTED])
+        extra = len(problems) - MAX_LISTED
+        more = f"\n  ... and {extra} more" if extra > 0 else ""
+        raise CheckpointError(f"{path}: the weights do not match config.json "
+                              f"({len(problems)} problem(s))\n  - {listed}{more}")
+    return by_ckpt
+
+
+def fill_matched(by_ckpt: dict[str, TensorSlot], found: dict[str, TensorInfo],
+                 params: dict[str, torch.nn.Parameter]) -> None:
+    """Copies every matched tensor into its parameter rows, one pass per file (see fill)."""
+    by_file: dict[str, list[str]] = {}
+    for name in by_ckpt:
+        by_file.setdefault(found[name].file, []).append(name)
+    for file, names in by_file.items():
+        fill(file, names, by_ckpt, params)
