@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from pagedllm.model.clip_vision import ACTIVATIONS, ClipVisionConfig
+from pagedllm.model.composite_config import names_architecture, read_composite_config
 from pagedllm.model.config import ModelConfig
-from pagedllm.model.errors import CheckpointError
-from pagedllm.model.files import read_json
-from pagedllm.model.generation_config import GENERATION_CONFIG, check_generation_config
 
 LLAVA_ARCHITECTURES = ("LlavaForConditionalGeneration",)
 SELECT_STRATEGIES = ("default", "full")
@@ -97,13 +95,7 @@ class LlavaConfig:
 
 def is_llava_checkpoint(path: str | os.PathLike) -> bool:
     """True when `path`/config.json names a LLaVA architecture (a cheap peek, no validation)."""
-    cfg = os.path.join(os.fspath(path), "config.json")
-    if not os.path.isfile(cfg):
-        return False
-    d = read_json(cfg)
-    archs = d.get("architectures") or []
-    return (isinstance(archs, list) and any(a in LLAVA_ARCHITECTURES for a in archs)) or \
-        d.get("model_type") == "llava"
+    return names_architecture(path, LLAVA_ARCHITECTURES, "llava")
 
 
 def read_llava_config(path: str | os.PathLike) -> LlavaConfig:
@@ -112,16 +104,4 @@ def read_llava_config(path: str | os.PathLike) -> LlavaConfig:
     Raises:
         CheckpointError: a missing, unreadable or invalid file (named).
     """
-    path = os.fspath(path)
-    cfg_path = os.path.join(path, "config.json")
-    d = read_json(cfg_path)
-    gen_path = os.path.join(path, GENERATION_CONFIG)
-    gen = read_json(gen_path) if os.path.lexists(gen_path) else None
-    text = d.get("text_config") if isinstance(d.get("text_config"), dict) else {}
-    vocab = text.get("vocab_size")
-    if gen is not None and isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
-        check_generation_config(gen, vocab, gen_path)
-    try:
-        return LlavaConfig.from_dict(d, gen)
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{cfg_path}: {e}") from None
+    return read_composite_config(path, LlavaConfig.from_dict)
