@@ -37,6 +37,7 @@
 
 #include <cstdint>
 
+#include "chunk_rows.h"  // Chunk, gather_chunk, prefetch_range / prefetch_chunk, chunk_tokens
 #include "engine.h"
 #include "fp8_bf16_avx512.h"
 
@@ -44,7 +45,6 @@ namespace pagedllm::kernels {
 namespace avx512_bf16_engine_ns {
 namespace {
 
-constexpr int kChunk = 128;      // most tokens per chunk (array sizes)
 constexpr int kTile = 4;         // query rows per register tile
 constexpr int kMaxRows = 32;     // query rows converted to bf16 at once (larger tasks: slices)
 constexpr int kMaxHeadDim = 512;
@@ -55,17 +55,6 @@ inline int imin(int a, int b) { return a < b ? a : b; }
 inline int imax(int a, int b) { return a > b ? a : b; }
 
 inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
-
-template <CacheType CT>
-constexpr int elem_size() {
-  return CT == CacheType::kBFloat16 ? 2 : 1;
-}
-
-// Tokens per chunk: 128 bytes of each head_dim element per chunk (64 bf16, 128 fp8 tokens).
-template <CacheType CT>
-constexpr int chunk_tokens() {
-  return 128 / elem_size<CT>();
-}
 
 // ---- float helpers (the avx512 engine's, same results) -------------------------------------
 
@@ -153,50 +142,6 @@ inline void permute_acc(float* row, int hd, bool in) {
   for (int e = 0; e < hd; ++e) row[e] = tmp[e];
 }
 
-// ---- chunks --------------------------------------------------------------------------------
-
-// Row addresses of the tokens of one chunk.
-struct Chunk {
-  const uint8_t* k[kChunk];
-  const uint8_t* v[kChunk];
-  int pos0;  // position of the chunk's first token in its sequence
-  int n;     // tokens in the chunk
-};
-
-// Prefetches (into L2) the lines starting inside the byte range [b0, b1) of `row`.
-inline void prefetch_range(const uint8_t* row, int b0, int b1) {
-  for (int b = (b0 + 63) & ~63; b < b1; b += 64) __builtin_prefetch(row + b, 0, 2);
-}
-
-// Gathers the row addresses of the tokens [pos0, pos0 + n) of the task's sequence.
-template <CacheType CT>
-void gather_chunk(const AttendTask& task, int pos0, int n, Chunk* c) {
-  const int64_t token_bytes = static_cast<int64_t>(task.head_dim) * elem_size<CT>();
-  c->pos0 = pos0;
-  c->n = n;
-  int block = pos0 / task.block_size;
-  int offset = pos0 - block * task.block_size;
-  for (int i = 0; i < n; ++i) {
-    const int64_t id = task.block_table[block];
-    c->k[i] = task.key_head + id * task.key_block_stride_bytes + offset * token_bytes;
-    c->v[i] = task.value_head + id * task.value_block_stride_bytes + offset * token_bytes;
-    if (++offset == task.block_size) {
-      offset = 0;
-      ++block;
-    }
-  }
-}
-
-// Asks for every line of a chunk's K and V rows at once.
-template <CacheType CT>
-void prefetch_chunk(const Chunk& c, int head_dim) {
-  const int token_bytes = head_dim * elem_size<CT>();
-  for (int i = 0; i < c.n; ++i) {
-    prefetch_range(c.k[i], 0, token_bytes);
-    prefetch_range(c.v[i], 0, token_bytes);
-  }
-}
-
 // ---- one register tile ---------------------------------------------------------------------
 
 // s[r][t] = q_r . k_t for the R bf16 query rows qb ([R, hd]) and t < n; prefetches the K rows
@@ -205,7 +150,7 @@ template <CacheType CT, int R>
 void tile_scores(const uint16_t* qb, int hd, const Chunk& c, int n, const Chunk* next,
                  float (*s)[kChunk]) {
   constexpr int TT = 16 / R;  // tokens per pass: R x TT <= 16 accumulators
-  constexpr int es = elem_size<CT>();
+  constexpr int es = cache_elem_size<CT>();
   for (int t0 = 0; t0 < n; t0 += TT) {
     const uint8_t* kp[TT];
     for (int j = 0; j < TT; ++j) kp[j] = c.k[imin(t0 + j, n - 1)];  // tail: repeat, then drop
@@ -286,7 +231,7 @@ inline void row_softmax(float* s, int first, int visible, int n, float* row_max,
 template <CacheType CT, int R, int NB>
 int tile_values(const Chunk& c, int n, const Chunk* next, const uint16_t (*p)[kChunk], float* acc,
                 int hd, int d0) {
-  constexpr int es = elem_size<CT>();
+  constexpr int es = cache_elem_size<CT>();
   const int pf_n = next != nullptr ? imin(n, next->n) : 0;
   int d = d0;
   for (; d + 32 * NB <= hd; d += 32 * NB) {

@@ -32,44 +32,16 @@
 // The rows of the chunk kAhead ahead are prefetched a slice at a time while the current one
 // computes (prefetch_range), so memory requests stay in flight all along rather than in bursts.
 
+#include "chunk_rows.h"  // Chunk, gather_chunk, prefetch_range / prefetch_chunk, chunk_tokens
+
 namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS {
 namespace {
 
-constexpr int kChunk = 128;  // most tokens per chunk (array sizes)
 constexpr int kTile = 8;     // query rows per register tile
 constexpr float kNegInf = -__builtin_inff();
 
 inline int imin(int a, int b) { return a < b ? a : b; }
 inline int imax(int a, int b) { return a > b ? a : b; }
-
-template <CacheType CT>
-constexpr int cache_elem_size() {
-  return CT == CacheType::kFloat32 ? 4
-         : (CT == CacheType::kFloat16 || CT == CacheType::kBFloat16) ? 2
-                                                                      : 1;
-}
-
-// Tokens per chunk: 128 bytes of each head_dim element per chunk whatever the type (32 fp32
-// tokens, 64 half, 128 fp8), so a chunk's prefetch covers about the same memory time.
-template <CacheType CT>
-constexpr int chunk_tokens() {
-  return 128 / cache_elem_size<CT>();
-}
-
-// Row addresses of the tokens of one chunk.
-struct Chunk {
-  const uint8_t* k[kChunk];
-  const uint8_t* v[kChunk];
-  int pos0;  // position of the chunk's first token in its sequence
-  int n;     // tokens in the chunk
-};
-
-// Prefetches the lines of the byte range [b0, b1) of row `row` of a chunk ahead (the range
-// this loop reads of the current chunk's row): a chunk's reads thereby request a later
-// chunk's lines at the pace they are consumed. Lines are those starting inside the range.
-inline void prefetch_range(const uint8_t* row, int b0, int b1) {
-  for (int b = (b0 + 63) & ~63; b < b1; b += 64) __builtin_prefetch(row + b, 0, 2);
-}
 
 // s[r][t] = q_r . k_t for the R rows of the tile and t < n; prefetches the same bytes of the
 // K rows of the chunk ahead when `next` is set.
@@ -274,36 +246,6 @@ void attend_rows(const AttendTask& task, int row0, int rows, const Chunk& c, con
   }
 }
 
-// Gathers the row addresses of the tokens [pos0, pos0 + n) of the task's sequence.
-template <CacheType CT>
-void gather_chunk(const AttendTask& task, int pos0, int n, Chunk* c) {
-  const int64_t token_bytes = static_cast<int64_t>(task.head_dim) * cache_elem_size<CT>();
-  c->pos0 = pos0;
-  c->n = n;
-  int block = pos0 / task.block_size;
-  int offset = pos0 - block * task.block_size;
-  for (int i = 0; i < n; ++i) {
-    const int64_t id = task.block_table[block];
-    c->k[i] = task.key_head + id * task.key_block_stride_bytes + offset * token_bytes;
-    c->v[i] = task.value_head + id * task.value_block_stride_bytes + offset * token_bytes;
-    if (++offset == task.block_size) {
-      offset = 0;
-      ++block;
-    }
-  }
-}
-
-// Asks the memory system for every cache line of a chunk's K and V rows (the first chunk of a
-// task; later ones are prefetched slice by slice while the previous one computes). Blocks are
-// scattered, so the hardware prefetchers cannot run ahead across them.
-template <CacheType CT>
-void prefetch_chunk(const Chunk& c, int head_dim) {
-  const int token_bytes = head_dim * cache_elem_size<CT>();
-  for (int i = 0; i < c.n; ++i) {
-    prefetch_range(c.k[i], 0, token_bytes);
-    prefetch_range(c.v[i], 0, token_bytes);
-  }
-}
 
 // Chunks prefetched ahead of the one computing (1, 2 and 3 measured alike on a 2-core Zen 4;
 // locality hint 2: into L2, a hint of 3 (into L1) halved the single-thread rate there).

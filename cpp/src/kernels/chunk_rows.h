@@ -1,0 +1,80 @@
+// chunk_rows.h (internal) — the row addresses of a chunk of a task's tokens and their
+// prefetch, shared by the attention loops of every CPU engine (engine_impl.h) and by the
+// avx512_bf16 engine.
+//
+// Everything is in an anonymous namespace (internal linkage): each ISA translation unit gets
+// its own copy compiled with its own flags, so they never meet at link time. No standard-library
+// code, for the same reason as engine_impl.h.
+#pragma once
+
+#include <cstdint>
+
+#include "engine.h"
+
+namespace pagedllm::kernels {
+namespace {
+
+constexpr int kChunk = 128;  // most tokens per chunk (array sizes)
+
+template <CacheType CT>
+constexpr int cache_elem_size() {
+  return CT == CacheType::kFloat32 ? 4
+         : (CT == CacheType::kFloat16 || CT == CacheType::kBFloat16) ? 2
+                                                                      : 1;
+}
+
+// Tokens per chunk: 128 bytes of each head_dim element per chunk whatever the type (32 fp32
+// tokens, 64 half, 128 fp8), so a chunk's prefetch covers about the same memory time.
+template <CacheType CT>
+constexpr int chunk_tokens() {
+  return 128 / cache_elem_size<CT>();
+}
+
+// Row addresses of the tokens of one chunk.
+struct Chunk {
+  const uint8_t* k[kChunk];
+  const uint8_t* v[kChunk];
+  int pos0;  // position of the chunk's first token in its sequence
+  int n;     // tokens in the chunk
+};
+
+// Prefetches (into L2) the lines of the byte range [b0, b1) of `row`: the loops call it on a
+// chunk ahead with the range they read of the current chunk's row, so a chunk's reads request
+// a later chunk's lines at the pace they are consumed. Lines are those starting inside the range.
+inline void prefetch_range(const uint8_t* row, int b0, int b1) {
+  for (int b = (b0 + 63) & ~63; b < b1; b += 64) __builtin_prefetch(row + b, 0, 2);
+}
+
+// Gathers the row addresses of the tokens [pos0, pos0 + n) of the task's sequence.
+template <CacheType CT>
+void gather_chunk(const AttendTask& task, int pos0, int n, Chunk* c) {
+  const int64_t token_bytes = static_cast<int64_t>(task.head_dim) * cache_elem_size<CT>();
+  c->pos0 = pos0;
+  c->n = n;
+  int block = pos0 / task.block_size;
+  int offset = pos0 - block * task.block_size;
+  for (int i = 0; i < n; ++i) {
+    const int64_t id = task.block_table[block];
+    c->k[i] = task.key_head + id * task.key_block_stride_bytes + offset * token_bytes;
+    c->v[i] = task.value_head + id * task.value_block_stride_bytes + offset * token_bytes;
+    if (++offset == task.block_size) {
+      offset = 0;
+      ++block;
+    }
+  }
+}
+
+// Asks the memory system for every cache line of a chunk's K and V rows (the first chunk of a
+// task; later ones are prefetched slice by slice while the previous one computes). Blocks are
+// scattered, so the hardware prefetchers cannot run ahead across them.
+template <CacheType CT>
+void prefetch_chunk(const Chunk& c, int head_dim) {
+  const int token_bytes = head_dim * cache_elem_size<CT>();
+  for (int i = 0; i < c.n; ++i) {
+    prefetch_range(c.k[i], 0, token_bytes);
+    prefetch_range(c.v[i], 0, token_bytes);
+  }
+}
+
+}  // namespace
+}  // namespace pagedllm::kernels
