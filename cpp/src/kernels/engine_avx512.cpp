@@ -1,7 +1,7 @@
 // The AVX-512 attention engine: engine_impl.h over 16-lane float vectors. This file is compiled
 // with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c and is only
 // called after a run-time CPU check (attention.cpp). It includes no header with inline code
-// other than the intrinsics (see engine_impl.h on why).
+// other than the intrinsics and the internal-linkage kernel headers (see engine_impl.h on why).
 // Conversions are fused into the loads: fp16 by vcvtph2ps, bf16 by a 16-bit shift, fp8 e5m2 as
 // the high byte of a half, fp8 e4m3 by the shift trick of the AVX2 engine on 32 bytes at once.
 // head_dim tails of 8 elements use masked loads, which never touch the masked-out bytes.
@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "engine.h"
+#include "engine_avx512_math.h"  // vexp (shared with the avx512_bf16 engine)
 
 #define PAGEDLLM_ENGINE_NS avx512_engine_ns
 
@@ -74,29 +75,6 @@ inline void vsum8(const V* a, float* out) {
 inline void vsum_tile(const V* a, float* out) {
   vsum8(a, out);
   vsum8(a + 8, out + 8);
-}
-
-// exp(x) as in the AVX2 engine (same polynomial, same results): x = n ln2 + r, e^r by its
-// degree-7 Taylor polynomial, 2^n through the exponent bits; below -87.3 (and -inf) gives 0.
-inline V vexp(V x) {
-  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(
-      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow),
-                             _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
 }
 
 // fp8 e4m3fn bytes, sign-extended to 16-bit lanes, as IEEE halves of value * 2^-8, exact

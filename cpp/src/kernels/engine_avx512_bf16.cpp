@@ -39,6 +39,7 @@
 
 #include "chunk_rows.h"  // Chunk, gather_chunk, prefetch_range / prefetch_chunk, chunk_tokens
 #include "engine.h"
+#include "engine_avx512_math.h"  // vexp (the avx512 engine's)
 #include "fp8_bf16_avx512.h"
 
 namespace pagedllm::kernels {
@@ -56,30 +57,7 @@ inline int imax(int a, int b) { return a > b ? a : b; }
 
 inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
 
-// ---- float helpers (the avx512 engine's, same results) -------------------------------------
-
-// exp(x): x = n ln2 + r, e^r by its degree-7 Taylor polynomial, 2^n through the exponent bits;
-// below -87.3 (and -inf) gives 0.
-inline __m512 vexp(__m512 x) {
-  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(
-      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow),
-                             _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
-}
+// ---- float helpers (vexp: engine_avx512_math.h) -------------------------------------------
 
 // out[i] = sum of the lanes of a[i] for 8 vectors: halves added, then a transposing hadd tree.
 inline void vsum8(const __m512* a, float* out) {
