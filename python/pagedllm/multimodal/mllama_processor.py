@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
 
-from pagedllm.model.files import read_json
 from pagedllm.multimodal.hashing import image_hash
 from pagedllm.multimodal.image_io import load_image, to_rgb
 from pagedllm.multimodal.limits import MultiModalLimits
+from pagedllm.multimodal.processor import PREPROCESSOR_CONFIG, read_preprocessor_config
 
-PREPROCESSOR_CONFIG = "preprocessor_config.json"
 _IMAGENET_STANDARD = (0.5, 0.5, 0.5)
 _MAX_TILES = 64
 
@@ -118,13 +116,7 @@ class MllamaImageProcessorConfig:
         Raises:
             ValueError: an invalid file (named).
         """
-        file = os.path.join(path, PREPROCESSOR_CONFIG)
-        if not os.path.lexists(file):
-            return cls()
-        try:
-            return cls.from_dict(read_json(file))
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"{file}: {e}") from None
+        return read_preprocessor_config(path, cls)
 
     def check_vision(self, image_size: int, max_num_tiles: int, max_aspect_ratio_id: int) -> None:
         """Raises ValueError unless these pixel values fit the vision encoder's config."""

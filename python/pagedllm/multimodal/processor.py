@@ -110,14 +110,30 @@ class ImageProcessorConfig:
         Raises:
             ValueError: an invalid file (named).
         """
-        file = os.path.join(path, PREPROCESSOR_CONFIG)
-        if not os.path.lexists(file):
-            return cls()
-        try:
-            return cls.from_dict(read_json(file))
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"{file}: {e}") from None
+        return read_preprocessor_config(path, cls)
 
+
+def read_preprocessor_config(path: str, cls: Any) -> Any:
+    """The preprocessor_config.json of a checkpoint directory read by cls.from_dict, or cls()
+    (its defaults) when the file is absent; shared by the CLIP and Mllama processor configs.
+
+    Args:
+        path: the checkpoint directory.
+        cls: a config class with a from_dict(Mapping) classmethod and a no-argument default.
+
+    Returns:
+        The cls instance.
+
+    Raises:
+        ValueError: an invalid file (named).
+    """
+    file = os.path.join(path, PREPROCESSOR_CONFIG)
+    if not os.path.lexists(file):
+        return cls()
+    try:
+        return cls.from_dict(read_json(file))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{file}: {e}") from None
 
 def preprocess(image: Image.Image, cfg: ImageProcessorConfig) -> np.ndarray:
     """Pixel values of one image, as CLIPImageProcessor computes them.
