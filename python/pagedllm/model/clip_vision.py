@@ -160,14 +160,23 @@ class _Attention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(b, t, h))
 
 
-class _Mlp(nn.Module):
-    def __init__(self, cfg: ClipVisionConfig, dtype: torch.dtype) -> None:
+class VisionMlp(nn.Module):
+    """fc2(act(fc1(x))), the MLP of a vision encoder layer (CLIP's, and Mllama's).
+
+    Args:
+        cfg: a vision config with hidden_size, intermediate_size and hidden_act (one of
+            ACTIVATIONS): ClipVisionConfig or MllamaVisionConfig.
+        dtype: the weights' dtype.
+    """
+
+    def __init__(self, cfg: Any, dtype: torch.dtype) -> None:
         super().__init__()
         self.act = cfg.hidden_act
         self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, dtype=dtype)
         self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., hidden] -> [..., intermediate] -> [..., hidden]
         return self.fc2(activation(self.act, self.fc1(x)))
 
 
@@ -178,7 +187,7 @@ class _EncoderLayer(nn.Module):
         self.layer_norm1 = nn.LayerNorm(h, eps=eps, dtype=dtype)
         self.self_attn = _Attention(cfg, dtype)
         self.layer_norm2 = nn.LayerNorm(h, eps=eps, dtype=dtype)
-        self.mlp = _Mlp(cfg, dtype)
+        self.mlp = VisionMlp(cfg, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.layer_norm1(x))

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.model.clip_vision import activation
+from pagedllm.model.clip_vision import VisionMlp
 from pagedllm.model.mllama_vision_config import MllamaVisionConfig
 from pagedllm.model.mllama_vision_weights import load_vision_state
 
@@ -88,17 +88,6 @@ class _Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, h))
 
 
-class _Mlp(nn.Module):
-    def __init__(self, cfg: MllamaVisionConfig, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.act = cfg.hidden_act
-        self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, dtype=dtype)
-        self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, dtype=dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(activation(self.act, self.fc1(x)))
-
-
 class _EncoderLayer(nn.Module):
     """Pre-norm layer; `gated` (global transformer) scales both branches by tanh(gate)."""
 
@@ -107,7 +96,7 @@ class _EncoderLayer(nn.Module):
         h, eps = cfg.hidden_size, cfg.norm_eps
         self.gated = gated
         self.self_attn = _Attention(cfg, dtype)
-        self.mlp = _Mlp(cfg, dtype)
+        self.mlp = VisionMlp(cfg, dtype)
         self.input_layernorm = nn.LayerNorm(h, eps=eps, dtype=dtype)
         self.post_attention_layernorm = nn.LayerNorm(h, eps=eps, dtype=dtype)
         if gated:
