@@ -61,6 +61,25 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+def prepack_linears(root: nn.Module, dtype: torch.dtype) -> int:
+    """Prepacks every Linear under root (Linear.prepack decides which weights gain).
+
+    Args:
+        root: the module whose Linear layers to pack (a whole model, or its decoder).
+        dtype: the model's dtype, one of packed_linear.PACKABLE_DTYPES.
+
+    Returns:
+        How many linear layers are packed (0 when oneDNN is unavailable).
+    Raises:
+        ValueError: dtype cannot be packed.
+    """
+    if dtype not in packed_linear.PACKABLE_DTYPES:
+        raise ValueError(f"model dtype {dtype}: prepacking expects one of "
+                         f"{packed_linear.PACKABLE_DTYPES}")
+    if not packed_linear.available():
+        return 0
+    return sum(m.prepack() for m in root.modules() if isinstance(m, Linear))
+
 class Embedding(nn.Module):
     """Row lookup in weight [vocab_size, hidden_size] (uninitialised)."""
 
@@ -242,12 +261,7 @@ class LlamaForCausalLM(nn.Module):
         Raises:
             ValueError: the model's dtype cannot be packed.
         """
-        if self.dtype not in packed_linear.PACKABLE_DTYPES:
-            raise ValueError(f"model dtype {self.dtype}: prepacking expects one of "
-                             f"{packed_linear.PACKABLE_DTYPES}")
-        if not packed_linear.available():
-            return 0
-        return sum(m.prepack() for m in self.modules() if isinstance(m, Linear))
+        return prepack_linears(self, self.dtype)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

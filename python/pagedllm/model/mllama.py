@@ -22,12 +22,11 @@ import torch
 from torch import nn
 
 from pagedllm import ops
-from pagedllm.model import packed_linear
 from pagedllm.model.attention import AttentionMetadata
 from pagedllm.model.cross_attention import CrossAttentionMetadata, paged_cross_attention
 from pagedllm.model.kv_cache import PagedKVCache
 from pagedllm.model.llama import (Embedding, Linear, LlamaDecoderLayer, LlamaMLP, RMSNorm,
-                                  _param)
+                                  _param, prepack_linears)
 from pagedllm.model.mllama_config import EMBED_EXTRA_ROWS, MllamaConfig
 from pagedllm.model.rope import RotaryEmbedding
 
@@ -191,12 +190,7 @@ class MllamaForConditionalGeneration(nn.Module):
         Raises:
             ValueError: the model's dtype cannot be packed.
         """
-        if self.dtype not in packed_linear.PACKABLE_DTYPES:
-            raise ValueError(f"model dtype {self.dtype}: prepacking expects one of "
-                             f"{packed_linear.PACKABLE_DTYPES}")
-        if not packed_linear.available():
-            return 0
-        return sum(m.prepack() for m in self.language_model.modules() if isinstance(m, Linear))
+        return prepack_linears(self.language_model, self.dtype)
 
     @torch.inference_mode()
     def encode_images(self, pixel_values: torch.Tensor, aspect_ratio_ids: torch.Tensor,
