@@ -20,7 +20,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "python"))
 
@@ -51,6 +50,7 @@ def main(argv=None) -> list:
                               LlavaForConditionalGeneration)
 
     from mm_fixtures import random_image, text_prompt
+    from benchmarks.mm_timing import time_requests
     from pagedllm import LLM, SamplingParams
 
     path = tempfile.mkdtemp()
@@ -72,25 +72,14 @@ def main(argv=None) -> list:
         llm = LLM(path, num_kv_blocks=1024, block_size=16, enable_prefix_caching=caching,
                   encoder_cache_images=keep,
                   num_threads=int(os.environ.get("OMP_NUM_THREADS", "2")))
-        llm.generate(prompts[:1], params, use_tqdm=False)  # warm-up (and fills the cache)
+        timing = time_requests(llm, prompts, params)
         eng = llm.engine
-        ttft = []
-        for p in prompts[1:]:
-            t0 = time.perf_counter()
-            eng.add_request(None, p, SamplingParams(temperature=0, max_tokens=1))
-            while eng.has_unfinished_requests():
-                eng.step()
-            ttft.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
-        dt = time.perf_counter() - t0
         cfg = eng.model_config
         per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
         n_img = eng.images.processor.num_image_tokens
         results.append({
             "prefix_caching": caching, "encoder_cache_images": keep, "requests": args.requests,
-            "ttft_median_ms": round(1000 * sorted(ttft)[len(ttft) // 2], 2),
-            "requests_per_s": round(args.requests / dt, 2),
+            **timing,
             "images_encoded": eng.images.encoder.num_encoded_images,
             "image_tokens": n_img, "kv_bytes_per_image_fp32": n_img * per_token})
         print(json.dumps(results[-1]))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 
 _TEXT = dict(vocab_size=1024, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
              num_attention_heads=8, num_key_value_heads=4, cross_attention_layers=[1, 3],
@@ -55,6 +54,7 @@ def write_checkpoint(path: str, quick: bool) -> None:
 def run(requests: int, quick: bool) -> list:
     """The three modes; returns their result dicts (also printed as JSON lines)."""
     from mllama_fixtures import random_image, text_prompt
+    from benchmarks.mm_timing import time_requests
     from pagedllm import LLM, SamplingParams
 
     path = tempfile.mkdtemp()
@@ -68,18 +68,8 @@ def run(requests: int, quick: bool) -> list:
         llm = LLM(path, num_kv_blocks=1024, num_cross_kv_blocks=1024, block_size=16,
                   enable_prefix_caching=caching, encoder_cache_images=keep,
                   num_threads=int(os.environ.get("OMP_NUM_THREADS", "2")))
-        llm.generate(prompts[:1], params, use_tqdm=False)  # warm-up (and fills the caches)
+        timing = time_requests(llm, prompts, params)
         eng = llm.engine
-        ttft = []
-        for p in prompts[1:]:
-            t0 = time.perf_counter()
-            eng.add_request(None, p, SamplingParams(temperature=0, max_tokens=1))
-            while eng.has_unfinished_requests():
-                eng.step()
-            ttft.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
-        dt = time.perf_counter() - t0
         s = eng.kv_cache_stats()
         (im,) = eng.images.mllama.process(prompts[0]["prompt_token_ids"], [image]).cross_images
         cross = eng.images.cross
@@ -88,8 +78,7 @@ def run(requests: int, quick: bool) -> list:
             eng.model_config.num_hidden_layers)
         results.append({
             "arch": "mllama", "prefix_caching": caching, "encoder_cache_images": keep,
-            "requests": requests, "ttft_median_ms": round(1000 * sorted(ttft)[len(ttft) // 2], 2),
-            "requests_per_s": round(requests / dt, 2),
+            "requests": requests, **timing,
             "images_encoded": cross.encoder.num_encoded_images,
             "vision_tokens_per_image": im.num_cross_tokens,
             "cross_kv_bytes_per_image_fp32": cross.blocks_needed([im]) * s["cross_bytes_per_block"],
