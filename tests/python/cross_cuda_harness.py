@@ -15,8 +15,8 @@ import math
 import torch
 
 from cross_kernel_reference import cross_attention_ref
-from cuda_harness import (Backend, assert_within, bound, kernel_qmul, operand_dtype,
-                          place_caches)
+from cuda_harness import (Backend, assert_within, bound, operand_dtype, place_caches,
+                          reference_query)
 from kernel_reference import UNIT_ROUNDOFF, make_paged_kv
 from pagedllm import _core
 
@@ -50,13 +50,7 @@ def run_cross(backend: Backend, gen, lens, ranges_per_seq, heads, kvh, head_dim,
                                       kv_dtype, k_scale, v_scale)
     backend.sync()
     op = cross_operand_dtype(backend, kv_dtype, act, heads // kvh, total, len(lens))
-    if op is not None:  # the query exactly as the tensor cores see it
-        qmul = kernel_qmul(scale, kv_dtype, k_scale)
-        ks = k_scale if kv_dtype.startswith("fp8") else 1.0
-        q_ref = (q_cpu.float() * torch.tensor(qmul)).to(op).to(torch.float64) / ks
-        ref_scale = 1.0
-    else:
-        q_ref, ref_scale = q_cpu, scale
+    q_ref, ref_scale = reference_query(q_cpu, op, scale, kv_dtype, k_scale)
     refs = torch.zeros((total, heads, head_dim), dtype=torch.float64)
     vmax = 0.0
     for s in range(len(lens)):

@@ -89,6 +89,26 @@ def kernel_qmul(scale: float, kv_dtype: str, k_scale: float) -> np.float32:
     return np.float32(np.float32(scale) * ks)
 
 
+def reference_query(q_cpu: torch.Tensor, op, scale: float, kv_dtype: str, k_scale: float):
+    """The query and softmax scale the float64 reference takes for a kernel call.
+
+    Args:
+        q_cpu: the query the kernel was given, [tokens, heads, head_dim].
+        op: the tensor cores' operand dtype (operand_dtype / cross_operand_dtype), or None when
+            the call runs on CUDA cores.
+        scale, kv_dtype, k_scale: the kernel call's.
+
+    Returns:
+        (q_ref, ref_scale): with tensor cores, the query exactly as they see it (scale and the
+        fp8 key scale folded in, rounded to op, the key scale divided back out) and 1.0; else
+        q_cpu and scale.
+    """
+    if op is None:
+        return q_cpu, scale
+    qmul = kernel_qmul(scale, kv_dtype, k_scale)
+    ks = k_scale if kv_dtype.startswith("fp8") else 1.0
+    return (q_cpu.float() * torch.tensor(qmul)).to(op).to(torch.float64) / ks, 1.0
+
 def run_decode(backend: Backend, gen, lens, heads, kvh, head_dim, block_size, kv_dtype, act,
                k_scale=1.0, v_scale=1.0, pool_layers=0, strided_query=False):
     """One decode call on random data; checks every sequence (and the CPU kernel, on CUDA)."""
@@ -140,13 +160,7 @@ def run_prefill(backend: Backend, gen, lens, q_lens, heads, kvh, head_dim, block
                                         k_scale, v_scale)
     backend.sync()
     op = operand_dtype(backend, kv_dtype, act, heads // kvh)
-    if op is not None:  # the query exactly as the tensor cores see it
-        qmul = kernel_qmul(scale, kv_dtype, k_scale)
-        ks = k_scale if kv_dtype.startswith("fp8") else 1.0
-        q_ref = (q_cpu.float() * torch.tensor(qmul)).to(op).to(torch.float64) / ks
-        ref_scale = 1.0
-    else:
-        q_ref, ref_scale = q_cpu, scale
+    q_ref, ref_scale = reference_query(q_cpu, op, scale, kv_dtype, k_scale)
     refs = torch.zeros((total, heads, head_dim), dtype=torch.float64)
     vmax = 0.0
     for s, (length, q_len) in enumerate(zip(lens, q_lens)):
