@@ -17,34 +17,16 @@ import torch
 
 from cross_cuda_harness import run_cross
 from cross_kernel_reference import random_ranges
-from cuda_harness import CPU, Backend
-from pagedllm import _core, ops
+from cuda_fixtures import CUDA, cuda_backend, stop_if_the_context_breaks  # noqa: F401 (fixtures)
+from cuda_harness import CPU
+from pagedllm import ops
 
 gpu = pytest.mark.gpu
-CUDA = getattr(_core, "cuda", None)
 
 HEAD_DIMS = [64, 80, 96, 128, 256]
 KV_DTYPES = ["auto", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
 ACT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ACT_IDS = ["f32", "bf16", "f16"]
-
-
-@pytest.fixture(autouse=True)
-def stop_if_the_context_breaks(request):
-    """A kernel fault leaves the CUDA context unusable: stop at the first one."""
-    yield
-    if "gpu" in request.keywords and torch.cuda.is_available():
-        try:
-            torch.cuda.synchronize()
-        except RuntimeError as e:  # pragma: no cover - only on a kernel fault
-            pytest.exit(f"the CUDA context broke during {request.node.nodeid}: {e}", returncode=3)
-
-
-@pytest.fixture
-def cuda_backend():
-    if CUDA is None:
-        pytest.skip("built without CUDA")
-    return Backend(CUDA, "cuda")
 
 
 def mixed_ranges(rng: random.Random, lens: list[int], q_lens: list[int]):

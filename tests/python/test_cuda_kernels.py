@@ -15,12 +15,12 @@ import random
 import pytest
 import torch
 
-from cuda_harness import CPU, Backend, run_decode, run_prefill
+from cuda_fixtures import CUDA, cuda_backend, stop_if_the_context_breaks  # noqa: F401 (fixtures)
+from cuda_harness import CPU, run_decode, run_prefill
 from kernel_reference import make_paged_kv, quantize, random_lens
 from pagedllm import _core, ops
 
 gpu = pytest.mark.gpu
-CUDA = getattr(_core, "cuda", None)
 
 HEAD_DIMS = [64, 80, 96, 128, 256]
 BLOCK_SIZES = [1, 2, 8, 16, 32, 64, 256]
@@ -30,25 +30,6 @@ ACT_IDS = ["f32", "f16", "bf16"]
 # (num_heads, num_kv_heads): MHA, GQA 4 / 8 / 12 (two head chunks), MQA up to 72 (72 > 64 rows:
 # prefill falls back to the split-K kernel).
 GROUPS = [(8, 8), (8, 2), (32, 4), (16, 2), (8, 1), (32, 1), (24, 2), (64, 1), (72, 1)]
-
-
-@pytest.fixture(autouse=True)
-def stop_if_the_context_breaks(request):
-    """A kernel fault leaves the CUDA context unusable for every later test: stop the run at
-    the first one, naming the test that broke it."""
-    yield
-    if "gpu" in request.keywords and torch.cuda.is_available():
-        try:
-            torch.cuda.synchronize()
-        except RuntimeError as e:  # pragma: no cover - only on a kernel fault
-            pytest.exit(f"the CUDA context broke during {request.node.nodeid}: {e}", returncode=3)
-
-
-@pytest.fixture
-def cuda_backend():
-    if CUDA is None:
-        pytest.skip("built without CUDA")
-    return Backend(CUDA, "cuda")
 
 
 def random_config(rng: random.Random):
