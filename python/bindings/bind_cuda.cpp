@@ -77,6 +77,13 @@ void decode(py::handle out, py::handle query, py::handle key_cache, py::handle v
   cu::paged_attention_decode(p, s);
 }
 
+// Sets p->cu_seqlens_q from cu_seqlens_q (int32, [p->num_seqs + 1], on the call's GPU).
+void set_cu_seqlens_q(CudaCall& call, py::handle cu_seqlens_q, k::AttentionParams* p) {
+  const Tensor& cuq = cuda_binding::index_1d(call, cu_seqlens_q, "cu_seqlens_q",
+                                             static_cast<int64_t>(p->num_seqs) + 1);
+  p->cu_seqlens_q = static_cast<const int32_t*>(cuq.data());
+}
+
 void prefill(py::handle out, py::handle query, py::handle key_cache, py::handle value_cache,
              py::handle block_tables, py::handle cu_seqlens_q, py::handle context_lens,
              double scale, const std::string& kv_cache_dtype, double k_scale, double v_scale,
@@ -85,9 +92,7 @@ void prefill(py::handle out, py::handle query, py::handle key_cache, py::handle 
   k::AttentionParams p =
       cuda_binding::attention_params(call, out, query, key_cache, value_cache, block_tables,
                                      context_lens, scale, kv_cache_dtype, k_scale, v_scale);
-  const Tensor& cuq = cuda_binding::index_1d(call, cu_seqlens_q, "cu_seqlens_q",
-                                             static_cast<int64_t>(p.num_seqs) + 1);
-  p.cu_seqlens_q = static_cast<const int32_t*>(cuq.data());
+  set_cu_seqlens_q(call, cu_seqlens_q, &p);
   const cu::Stream s = to_stream(stream);
   py::gil_scoped_release release;
   cu::DeviceScope scope(call.device());
@@ -133,9 +138,7 @@ void prefill_sparse(py::handle out, py::handle query, py::handle key_cache,
   k::AttentionParams p =
       cuda_binding::attention_params(call, out, query, key_cache, value_cache, block_tables,
                                      context_lens, scale, kv_cache_dtype, k_scale, v_scale);
-  const Tensor& cuq = cuda_binding::index_1d(call, cu_seqlens_q, "cu_seqlens_q",
-                                             static_cast<int64_t>(p.num_seqs) + 1);
-  p.cu_seqlens_q = static_cast<const int32_t*>(cuq.data());
+  set_cu_seqlens_q(call, cu_seqlens_q, &p);
   const k::BlockSparseParams sp = sparse_lists(call, sparse_indptr, sparse_indices);
   const cu::Stream s = to_stream(stream);
   py::gil_scoped_release release;
@@ -152,9 +155,7 @@ void cross_attention(py::handle out, py::handle query, py::handle key_cache,
   k::AttentionParams p =
       cuda_binding::attention_params(call, out, query, key_cache, value_cache, block_tables,
                                      context_lens, scale, kv_cache_dtype, k_scale, v_scale);
-  const Tensor& cuq = cuda_binding::index_1d(call, cu_seqlens_q, "cu_seqlens_q",
-                                             static_cast<int64_t>(p.num_seqs) + 1);
-  p.cu_seqlens_q = static_cast<const int32_t*>(cuq.data());
+  set_cu_seqlens_q(call, cu_seqlens_q, &p);
   const Tensor& kr = call.gpu(kv_ranges, "kv_ranges");
   check_kv_ranges(kr, p.num_tokens, /*on_cpu=*/false);
   const auto* ranges = static_cast<const int32_t*>(kr.data());
