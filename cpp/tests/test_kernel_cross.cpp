@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_engine_test.h"
 #include "pagedllm/error.h"
 #include "pagedllm/kernels/kernels.h"
 #include "pagedllm/kernels/thread_pool.h"
@@ -136,17 +137,7 @@ struct CrossFixture {
 };
 
 // Runs each test once per CPU engine; engines this CPU lacks are skipped.
-class CrossEngines : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    const auto ok = pk::available_cpu_engines();
-    if (std::find(ok.begin(), ok.end(), GetParam()) == ok.end()) {
-      GTEST_SKIP() << "engine " << GetParam() << " not compiled in or not supported by this CPU";
-    }
-    pk::set_cpu_engine(GetParam());
-  }
-  void TearDown() override { pk::set_cpu_engine("auto"); }
-};
+class CrossEngines : public pagedllm_test::CpuEngineTest {};
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_engine_test.h"
 #include "pagedllm/error.h"
 #include "pagedllm/kernels/convert.h"
 #include "pagedllm/kernels/kernels.h"
@@ -125,17 +126,7 @@ struct Fixture {
 };
 
 // Runs each test once per CPU engine; engines this CPU lacks are skipped.
-class KernelEngines : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    const auto ok = pk::available_cpu_engines();
-    if (std::find(ok.begin(), ok.end(), GetParam()) == ok.end()) {
-      GTEST_SKIP() << "engine " << GetParam() << " not compiled in or not supported by this CPU";
-    }
-    pk::set_cpu_engine(GetParam());
-  }
-  void TearDown() override { pk::set_cpu_engine("auto"); }
-};
+class KernelEngines : public pagedllm_test::CpuEngineTest {};
 
 }  // namespace
 
