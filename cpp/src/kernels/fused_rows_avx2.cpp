@@ -1,7 +1,7 @@
 // The AVX2 row loops of fused_ops.h: fused_rows_impl.h over 8-lane vectors. Compiled with
 // -mavx2 -mfma -ffp-contract=off and only called after the run-time CPU check of the engine
 // choice (attention.cpp). It includes no header with inline code other than the intrinsics
-// (fused_rows_impl.h says why). exp as in fused_rows_avx512.cpp.
+// (fused_rows_impl.h says why).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -31,28 +31,22 @@ inline float vsum(V a) {
 }
 inline float scalar_sqrt(float f) { return _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(f))); }
 
-inline V vexp(V x) {
-  const V xc = _mm256_min_ps(_mm256_max_ps(x, vset1(-104.0f)), vset1(89.0f));
-  const V n = _mm256_round_ps(vmul(xc, vset1(1.44269504088896341f)),
-                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  V r = _mm256_fnmadd_ps(n, vset1(0.693359375f), xc);
-  r = _mm256_fnmadd_ps(n, vset1(-2.12194440e-4f), r);
-  V p = vset1(1.9875691500e-4f);
-  p = vfmadd(p, r, vset1(1.3981999507e-3f));
-  p = vfmadd(p, r, vset1(8.3334519073e-3f));
-  p = vfmadd(p, r, vset1(4.1665795894e-2f));
-  p = vfmadd(p, r, vset1(1.6666665459e-1f));
-  p = vfmadd(p, r, vset1(5.0000001201e-1f));
-  const V y = vfmadd(p, vmul(r, r), vadd(r, vset1(1.0f)));
+inline V vmin(V a, V b) { return _mm256_min_ps(a, b); }
+inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }
+inline V vround(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline V vfnmadd(V a, V b, V c) { return _mm256_fnmadd_ps(a, b, c); }
+// y * 2^n for integral n in [-150, 128], as two exponent-field factors 2^(n/2) 2^(n - n/2).
+inline V vldexp(V y, V n) {
   const __m256i ni = _mm256_cvtps_epi32(n);
   const __m256i n1 = _mm256_srai_epi32(ni, 1);
   const __m256i n2 = _mm256_sub_epi32(ni, n1);
   const __m256i bias = _mm256_set1_epi32(127);
   const V e1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
   const V e2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-  const V e = vmul(vmul(y, e1), e2);
-  return _mm256_blendv_ps(e, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return vmul(vmul(y, e1), e2);
 }
+// e, except x where x is NaN.
+inline V vkeep_nan(V e, V x) { return _mm256_blendv_ps(e, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); }
 
 inline V ld(const float* p) { return _mm256_loadu_ps(p); }
 inline V ld(const uint16_t* p) {
@@ -119,6 +113,7 @@ inline int64_t argmax_row(const float* x, int64_t n, float* max_value) {
   return index;
 }
 
+#include "fused_rows_vexp.h"
 #include "fused_rows_impl.h"
 
 }  // namespace

@@ -33,29 +33,24 @@ inline V vfmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
 inline float vsum(V a) { return _mm512_reduce_add_ps(a); }
 inline float scalar_sqrt(float f) { return _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(f))); }
 
-// exp(x) to about 1 ulp: x = n ln2 + r (Cody-Waite), Cephes' degree-6 polynomial for e^r, and
-// 2^n applied as two factors so that n in [-150, 128] neither overflows the exponent field nor
-// flushes early (results below 2^-126 come out denormal, above 88.72 infinite). NaN stays NaN.
-inline V vexp(V x) {
-  const V xc = _mm512_min_ps(_mm512_max_ps(x, vset1(-104.0f)), vset1(89.0f));
-  const V n = _mm512_roundscale_ps(vmul(xc, vset1(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  V r = _mm512_fnmadd_ps(n, vset1(0.693359375f), xc);
-  r = _mm512_fnmadd_ps(n, vset1(-2.12194440e-4f), r);
-  V p = vset1(1.9875691500e-4f);
-  p = vfmadd(p, r, vset1(1.3981999507e-3f));
-  p = vfmadd(p, r, vset1(8.3334519073e-3f));
-  p = vfmadd(p, r, vset1(4.1665795894e-2f));
-  p = vfmadd(p, r, vset1(1.6666665459e-1f));
-  p = vfmadd(p, r, vset1(5.0000001201e-1f));
-  const V y = vfmadd(p, vmul(r, r), vadd(r, vset1(1.0f)));
+inline V vmin(V a, V b) { return _mm512_min_ps(a, b); }
+inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
+inline V vround(V a) {
+  return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline V vfnmadd(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }
+// y * 2^n for integral n in [-150, 128], as two exponent-field factors 2^(n/2) 2^(n - n/2).
+inline V vldexp(V y, V n) {
   const __m512i ni = _mm512_cvtps_epi32(n);
   const __m512i n1 = _mm512_srai_epi32(ni, 1);
   const __m512i n2 = _mm512_sub_epi32(ni, n1);
   const __m512i bias = _mm512_set1_epi32(127);
   const V e1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
   const V e2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23));
-  const V e = vmul(vmul(y, e1), e2);
+  return vmul(vmul(y, e1), e2);
+}
+// e, except x where x is NaN.
+inline V vkeep_nan(V e, V x) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), e, x);
 }
 
@@ -115,6 +110,7 @@ inline int64_t argmax_row(const float* x, int64_t n, float* max_value) {
   return index;
 }
 
+#include "fused_rows_vexp.h"
 #include "fused_rows_impl.h"
 
 }  // namespace

@@ -1,7 +1,8 @@
 // fused_rows_impl.h (internal) — the row loops of fused_ops.h written once over float vectors,
 // included by each fused_rows_<isa>.cpp inside an anonymous namespace after it defines:
 //   kW (lanes), V (a vector of kW floats), vzero, vset1, vadd, vsub, vmul, vdiv, vneg,
-//   vfmadd(a, b, c) = a * b + c (accumulations only), vexp, vsum (horizontal sum),
+//   vfmadd(a, b, c) = a * b + c (accumulations only), vexp (the SIMD files: fused_rows_vexp.h),
+//   vsum (horizontal sum),
 //   ld / st for float and for uint16_t (bfloat16 bits; st rounds to nearest even, NaN quiet),
 //   vround_bf16 (the float a bfloat16 rounding of each lane gives), scalar_sqrt, and
 //   argmax_row (FusedRowOps::argmax_f32: written per instruction set, it needs masks).
