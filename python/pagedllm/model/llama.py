@@ -80,6 +80,7 @@ def prepack_linears(root: nn.Module, dtype: torch.dtype) -> int:
         return 0
     return sum(m.prepack() for m in root.modules() if isinstance(m, Linear))
 
+
 class Embedding(nn.Module):
     """Row lookup in weight [vocab_size, hidden_size] (uninitialised)."""
 
