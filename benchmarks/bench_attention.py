@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from pagedllm import _core
+from pagedllm import _core, threads
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 STORAGE = {"fp32": (torch.float32, "auto"), "bf16": (torch.bfloat16, "auto"),
@@ -309,6 +309,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "attention.json"))
     args = ap.parse_args()
+    threads.share_torch_threads()  # the kernels on torch's OpenMP team, as in the engine
     if args.cpu_time:
         global CLOCK
         CLOCK = time.thread_time
@@ -321,7 +322,8 @@ def main() -> None:
     cases = [(b, c) for b in batches for c in contexts if b * c <= MAX_TOKENS]
     if args.headline:
         cases = [(16, 2048), (8, 8192)]
-    print(f"cpu={cpu_model()!r} threads={_core.get_num_threads()} kernel={_core.cpu_kernel()}")
+    print(f"cpu={cpu_model()!r} threads={_core.get_num_threads()} kernel={_core.cpu_kernel()} "
+          f"runtime={_core.parallel_runtime()}")
     if args.engines:
         out = args.out
         if out == str(Path(__file__).parent / "results" / "attention.json"):
@@ -381,6 +383,7 @@ def write_results(args, decode, generic, prefill, engines=()) -> None:
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M"), machine=platform.processor() or
                 platform.machine(), cpu_model=cpu_model(), cpu_engines=_core.cpu_engines(),
                 default_engine=_core.cpu_kernel(), cpus=os.cpu_count(),
+                thread_runtime=_core.parallel_runtime(),
                 threads=_core.get_num_threads(),
                 clock="thread_time" if args.cpu_time else "perf_counter",
                 torch=torch.__version__, rounds=args.rounds, peer=getattr(args, "peer", None),

@@ -125,6 +125,12 @@ void bind_kernels(py::module_& m) {
   m.def("set_num_threads", &k::set_num_threads, py::arg("n"),
         "Sets the number of threads of the kernel thread pool.");
   m.def("get_num_threads", &k::get_num_threads, "Threads of the kernel thread pool.");
+  m.def("adopt_loaded_openmp", &k::adopt_loaded_openmp,
+        "Runs the kernels on the team of an OpenMP runtime already loaded in the process "
+        "(torch's); returns False when there is none.");
+  m.def("use_builtin_pool", &k::use_builtin_pool, "Runs the kernels on the built-in pool.");
+  m.def("parallel_runtime", &k::parallel_runtime,
+        "Where the kernels run: 'builtin' or 'openmp:<library>'.");
   m.def("stream_read_sum", &stream_read_sum, py::arg("x"),
         "Sums a contiguous float32 tensor with all pool threads (memory read-bandwidth probe).");
   m.def("cpu_kernel", &k::active_cpu_kernel,

@@ -1,7 +1,13 @@
-// The kernel thread pool: workers wait on a condition variable for a job generation, then take
-// indices from a shared atomic counter until none are left.
+// The kernel thread pool. Two runtimes behind one parallel_for:
+// - the built-in pool: workers wait on a condition variable for a job generation, then take
+//   indices from a shared atomic counter until none are left;
+// - an OpenMP runtime already loaded in the process (adopt_loaded_openmp): the same index loop
+//   runs on that runtime's team through its GOMP_parallel entry point (the one the compiler
+//   emits for `#pragma omp parallel`), found with dlopen(RTLD_NOLOAD) + dlsym, so this library
+//   neither links nor loads an OpenMP runtime itself.
 #include "pagedllm/kernels/thread_pool.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 
@@ -23,6 +29,31 @@ namespace {
 
 thread_local bool t_inside_job = false;  // true on a worker (or caller) while it runs a job
 
+// One parallel_for call: indices handed out from `next`, the first exception kept.
+struct Job {
+  int64_t n = 0;
+  const ParallelFn* fn = nullptr;
+  std::atomic<int64_t> next{0};
+  std::mutex error_mu;
+  std::exception_ptr error;
+
+  // Takes indices until none are left, as `worker`.
+  void drain(int worker) {
+    t_inside_job = true;
+    for (;;) {
+      const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= n) break;
+      try {
+        (*fn)(i, worker);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+      }
+    }
+    t_inside_job = false;
+  }
+};
+
 class ThreadPool {
  public:
   explicit ThreadPool(int num_threads) : size_(num_threads) {
@@ -42,35 +73,33 @@ class ThreadPool {
   int size() const { return size_; }
 
   // Runs the job on all threads; the caller is worker 0.
-  void run(int64_t n, const ParallelFn& fn) {
+  void run(Job* job) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      fn_ = &fn;
-      n_ = n;
-      next_.store(0, std::memory_order_relaxed);
-      error_ = nullptr;
+      job_ = job;
       pending_ = static_cast<int>(workers_.size());
       ++generation_;
     }
     cv_work_.notify_all();
-    drain(0);
+    job->drain(0);
     std::unique_lock<std::mutex> lock(mu_);
     cv_done_.wait(lock, [this] { return pending_ == 0; });
-    fn_ = nullptr;
-    if (error_) std::rethrow_exception(error_);
+    job_ = nullptr;
   }
 
  private:
   void worker_loop(int worker) {
     uint64_t seen = 0;
     for (;;) {
+      Job* job;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_work_.wait(lock, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
+        job = job_;
       }
-      drain(worker);
+      job->drain(worker);
       bool last;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -78,22 +107,6 @@ class ThreadPool {
       }
       if (last) cv_done_.notify_one();
     }
-  }
-
-  // Takes indices until none are left.
-  void drain(int worker) {
-    t_inside_job = true;
-    for (;;) {
-      const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-      if (i >= n_) break;
-      try {
-        (*fn_)(i, worker);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!error_) error_ = std::current_exception();
-      }
-    }
-    t_inside_job = false;
   }
 
   const int size_;
@@ -104,32 +117,57 @@ class ThreadPool {
   uint64_t generation_ = 0;
   bool stop_ = false;
   int pending_ = 0;
-  const ParallelFn* fn_ = nullptr;
-  int64_t n_ = 0;
-  std::atomic<int64_t> next_{0};
-  std::exception_ptr error_;
+  Job* job_ = nullptr;
+};
+
+// An OpenMP runtime's entry points (libgomp's ABI; Intel's and LLVM's runtimes export it too).
+struct OpenMpRuntime {
+  void (*parallel)(void (*body)(void*), void* data, unsigned num_threads, unsigned flags) =
+      nullptr;
+  int (*thread_num)() = nullptr;
+  std::string library;
 };
 
 // One job at a time, process-wide; also held across fork() by the atfork handlers.
 std::mutex g_run_mu;
-ThreadPool* g_pool = nullptr;  // created lazily; leaked (never joined) in a forked child
-int g_requested = 0;           // set_num_threads value, 0 = default
+ThreadPool* g_pool = nullptr;     // created lazily; leaked (never joined) in a forked child
+OpenMpRuntime* g_omp = nullptr;   // set by adopt_loaded_openmp; dropped in a forked child
+int g_requested = 0;              // set_num_threads value, 0 = default
 
 void atfork_prepare() { g_run_mu.lock(); }
 void atfork_parent() { g_run_mu.unlock(); }
 void atfork_child() {
   // The workers did not survive the fork: forget the pool without joining them (its memory is
-  // leaked on purpose), and let the next call build a fresh one.
+  // leaked on purpose), and let the next call build a fresh one. An OpenMP runtime whose team
+  // the parent used would wait for those threads too, so the child is back on the built-in pool.
   g_pool = nullptr;
+  g_omp = nullptr;
   g_run_mu.unlock();
 }
 
-// The pool, created at first use. Caller holds g_run_mu.
-ThreadPool& pool_locked() {
+void register_atfork() {
   static std::once_flag atfork_once;
   std::call_once(atfork_once, [] { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); });
-  if (!g_pool) g_pool = new ThreadPool(g_requested > 0 ? g_requested : default_num_threads());
+}
+
+int pool_size_locked() { return g_requested > 0 ? g_requested : default_num_threads(); }
+
+// The pool, created at first use. Caller holds g_run_mu.
+ThreadPool& pool_locked() {
+  register_atfork();
+  if (!g_pool) g_pool = new ThreadPool(pool_size_locked());
   return *g_pool;
+}
+
+// GOMP_parallel's body: each thread of the team drains the job under its team index.
+struct TeamJob {
+  Job* job;
+  int (*thread_num)();
+};
+
+void team_body(void* data) {
+  const TeamJob* t = static_cast<const TeamJob*>(data);
+  t->job->drain(t->thread_num());
 }
 
 }  // namespace
@@ -155,12 +193,26 @@ void parallel_for(int64_t n, const ParallelFn& fn) {
     return;
   }
   std::lock_guard<std::mutex> lock(g_run_mu);
-  ThreadPool& pool = pool_locked();
-  if (pool.size() == 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i, 0);
-    return;
+  Job job;
+  job.n = n;
+  job.fn = &fn;
+  if (g_omp != nullptr) {
+    const int size = pool_size_locked();
+    if (size == 1) {
+      job.drain(0);
+    } else {
+      TeamJob team{&job, g_omp->thread_num};
+      g_omp->parallel(&team_body, &team, static_cast<unsigned>(size), 0);
+    }
+  } else {
+    ThreadPool& pool = pool_locked();
+    if (pool.size() == 1) {
+      job.drain(0);
+    } else {
+      pool.run(&job);
+    }
   }
-  pool.run(n, fn);
+  if (job.error) std::rethrow_exception(job.error);
 }
 
 void set_num_threads(int n) {
@@ -175,7 +227,42 @@ void set_num_threads(int n) {
 
 int get_num_threads() {
   std::lock_guard<std::mutex> lock(g_run_mu);
+  if (g_omp != nullptr) return pool_size_locked();
   return pool_locked().size();
+}
+
+bool adopt_loaded_openmp() {
+  static const char* const kLibraries[] = {"libgomp.so.1", "libiomp5.so", "libomp.so"};
+  std::lock_guard<std::mutex> lock(g_run_mu);
+  if (g_omp != nullptr) return true;
+  for (const char* lib : kLibraries) {
+    void* handle = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);  // only one that is already loaded
+    if (handle == nullptr) continue;
+    auto* rt = new OpenMpRuntime;  // leaked on purpose: the runtime outlives every caller
+    rt->parallel = reinterpret_cast<decltype(rt->parallel)>(dlsym(handle, "GOMP_parallel"));
+    rt->thread_num = reinterpret_cast<decltype(rt->thread_num)>(dlsym(handle, "omp_get_thread_num"));
+    rt->library = lib;
+    if (rt->parallel == nullptr || rt->thread_num == nullptr) {
+      delete rt;
+      continue;  // the handle keeps a reference to an already-loaded library: harmless
+    }
+    register_atfork();
+    delete g_pool;  // its workers would only sleep beside the OpenMP team
+    g_pool = nullptr;
+    g_omp = rt;
+    return true;
+  }
+  return false;
+}
+
+void use_builtin_pool() {
+  std::lock_guard<std::mutex> lock(g_run_mu);
+  g_omp = nullptr;  // the runtime record stays allocated (an in-flight reader is impossible: lock)
+}
+
+std::string parallel_runtime() {
+  std::lock_guard<std::mutex> lock(g_run_mu);
+  return g_omp != nullptr ? "openmp:" + g_omp->library : std::string("builtin");
 }
 
 }  // namespace pagedllm::kernels

@@ -132,13 +132,9 @@ def init_process_group(rank: int, world_size: int, init_method: str, backend: st
 def set_worker_threads(num_threads: Optional[int], world_size: int) -> int:
     """Sets torch's (and the kernels') thread count for one rank: num_threads, or this
     machine's cores shared evenly by the ranks. Returns the count."""
-    threads = num_threads or max(1, len(os.sched_getaffinity(0)) // world_size)
-    torch.set_num_threads(threads)
-    from pagedllm import _core
+    from pagedllm import threads
 
-    if hasattr(_core, "set_num_threads"):
-        _core.set_num_threads(threads)
-    return threads
+    return threads.set_num_threads(num_threads or max(1, len(os.sched_getaffinity(0)) // world_size))
 
 
 def watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> threading.Thread:

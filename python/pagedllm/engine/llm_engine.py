@@ -23,7 +23,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence as Seq, Un
 import numpy as np
 import torch
 
-from pagedllm import _core
+from pagedllm import _core, threads
 from pagedllm.config import EngineConfig
 from pagedllm.engine import kv_diagnostics, tracing
 from pagedllm.engine.executor import Executor, ExecutorDeadError
@@ -74,10 +74,7 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, executor: Optional[Executor] = None):
         self.config = config
-        threads = config.num_threads or len(os.sched_getaffinity(0))
-        torch.set_num_threads(threads)
-        if hasattr(_core, "set_num_threads"):
-            _core.set_num_threads(threads)
+        threads.set_num_threads(config.num_threads)
         self.model_path = resolve_model_path(config.model)
         self.executor = executor or make_executor(config, self.model_path)
         self.model_config = self.executor.model_config
