@@ -4,7 +4,9 @@ Per model ("tiny", "small"; random fp32 weights, one checkpoint directory for ev
 - the mixed workload (log-normal prompt and output lengths, outputs forced to their length),
   repeated `repeats` times with the engines interleaved (a different order each round);
 - a concurrency sweep: N identical-shape requests (128 prompt + 64 output tokens) submitted
-  at once, for N in `concurrency` (N = 16 is the "uniform" workload of the peers' notes);
+  at once, for N in `concurrency` (N = 16 is the "uniform" workload of the peers' notes),
+  each point `concurrency_repeats` times with the engines interleaved (the median reported:
+  these runs last a second or less, so one disturbed run would otherwise set the ratio);
 - the long-prompt workload: `long_prompt` = (n, min, max, output): n requests with 1k-4k-token
   prompts (uniform lengths) and a short forced output, all at once, repeated like the mixed
   one; transformers is left out of it (its padded batches make it minutes per round).
@@ -59,6 +61,7 @@ class ThroughputConfig:
         uniform: (prompt, output) tokens of each request of the concurrency sweep.
         concurrency: sweep points (requests submitted at once).
         repeats: rounds of the mixed workload per model.
+        concurrency_repeats: rounds of each concurrency point (engines interleaved, median).
         hf: per model, how transformers runs (see HFPlan).
         llamacpp: per model, (first k mixed requests or None for all, largest concurrency
             point, unified KV cache) for llama.cpp: its fp32 path is slow on "small"; its
@@ -77,6 +80,7 @@ class ThroughputConfig:
     uniform: Tuple[int, int] = (128, 64)
     concurrency: Tuple[int, ...] = (1, 4, 16, 64)
     repeats: Dict[str, int] = field(default_factory=lambda: {"tiny": 3, "small": 1})
+    concurrency_repeats: int = 3
     long_prompt: Tuple[int, int, int, int] = (16, 1024, 4032, 64)
     hf: Dict[str, HFPlan] = field(default_factory=lambda: {
         "tiny": HFPlan(mixed_requests=96, batch_sizes=(8, 16, 32), pick_requests=32),
@@ -92,6 +96,7 @@ class ThroughputConfig:
         """A smoke-sized run: tiny model, a few requests."""
         return cls(models=("tiny",), mixed=dict(QUICK_MIXED, n=16),
                    uniform=(32, 16), concurrency=(1, 8), repeats={"tiny": 1},
+                   concurrency_repeats=1,
                    long_prompt=(4, 256, 512, 8),
                    hf={"tiny": HFPlan(None, (4, 8), 8)}, peers=tuple(peers))
 
@@ -218,13 +223,17 @@ def run_model(preset: str, cfg: ThroughputConfig, bar) -> dict:
         p_len, o_len = cfg.uniform
         for n in cfg.concurrency:
             reqs = uniform_workload(n, vocab, p_len, o_len, seed=1000 + n)
+            names = [name for name in order if not (name == "llama.cpp" and n > ll_max_n)]
+            point_runs: Dict[str, List[RunResult]] = {name: [] for name in names}
+            for r in range(cfg.concurrency_repeats):
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    bar.set_postfix_str(f"{preset}: {n} concurrent, round {r + 1}, {name}")
+                    point_runs[name].append(_run(eng[name], reqs, n))
+                    bar.update(1)
             point = {}
-            for name in order:
-                bar.update(1)
-                if name == "llama.cpp" and n > ll_max_n:
-                    continue
-                bar.set_postfix_str(f"{preset}: {n} concurrent, {name}")
-                point[name] = _run(eng[name], reqs, n).summary()
+            for name, rs in point_runs.items():
+                med = sorted(rs, key=lambda x: x.tokens_per_s)[len(rs) // 2]
+                point[name] = dict(med.summary(), runs_tokens_per_s=[x.tokens_per_s for x in rs])
             point["ratios"] = {f"pagedllm/{k}": round(point["pagedllm"]["tokens_per_s"]
                                                      / v["tokens_per_s"], 3)
                                for k, v in point.items() if k != "pagedllm"}
@@ -271,7 +280,7 @@ def count_runs(cfg: ThroughputConfig) -> int:
     """Timed runs the progress bar counts."""
     engines = 1 + len(cfg.peers)
     long_engines = engines - ("transformers" in cfg.peers)
-    return sum(engines * (cfg.repeats.get(m, 1) + len(cfg.concurrency))
+    return sum(engines * (cfg.repeats.get(m, 1) + cfg.concurrency_repeats * len(cfg.concurrency))
                + long_engines * cfg.repeats.get(m, 1) for m in cfg.models)
 
 

@@ -41,7 +41,8 @@ def test_row_buckets_are_few_and_tight():
 
 
 def test_small_weights_stay_strided():
-    assert not packed_linear.worth_packing(torch.empty(256, 1376))
+    assert not packed_linear.worth_packing(torch.empty(128, 256))
+    assert packed_linear.worth_packing(torch.empty(256, 256))
     assert packed_linear.worth_packing(torch.empty(1024, 1024))
 
 
@@ -84,8 +85,10 @@ def test_prepack_leaves_small_weights(tmp_path):
     from pagedllm.model import load_model, write_random_checkpoint
     from pagedllm.model.checkpoint import PRESETS
 
-    # hidden 256, vocab 1024: every weight under MIN_PACKED_ELEMENTS
-    write_random_checkpoint(tmp_path, {**PRESETS["tiny"], "vocab_size": 1024}, seed=3)
+    # hidden 64, vocab 512: every weight under MIN_PACKED_ELEMENTS
+    small = {"hidden_size": 64, "intermediate_size": 160, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 512}
+    write_random_checkpoint(tmp_path, {**PRESETS["tiny"], **small}, seed=3)
     model, _ = load_model(tmp_path, prepack=True)
     assert model.prepack_weights() == 0
     assert all(getattr(m, "packed", None) is None for m in model.modules())
