@@ -147,8 +147,37 @@ void run_decode(const AttentionParams& p, const SparseView* sv) {
     part_acc.assign(num_partials * hd, 0.0f);
   }
 
+  // Units (sequence, KV head, partition), taken in runs of consecutive ones: while a unit
+  // computes, the next unit's first K/V rows are requested (its own chunk prefetch starts only
+  // when it does), so short contexts do not start every unit on a cold miss.
   const int64_t num_tasks = static_cast<int64_t>(p.num_seqs) * kvh_count * parts;
-  parallel_for(num_tasks, [&](int64_t i, int) {
+  const int64_t num_runs = std::min<int64_t>(num_tasks, 8 * static_cast<int64_t>(get_num_threads()));
+  const int es = element_size(p.cache.dtype);
+  const auto prefetch_start = [&](int64_t i) {
+    const int part = static_cast<int>(i % parts);
+    const int kvh = static_cast<int>((i / parts) % kvh_count);
+    const int seq = static_cast<int>(i / parts / kvh_count);
+    const int len = context(seq, kvh);
+    const int begin = part * part_len;
+    if (begin >= len) return;
+    AttendTask t = make_task(p, seq, kvh, nullptr, group);
+    if (sv) t.block_table = sv->table(sv->list(seq, kvh));
+    const int bs = t.block_size;
+    const int first = begin / bs;
+    const int last = std::min((std::min(len, begin + part_len) - 1) / bs, first + 1);
+    for (int b = first; b <= last; ++b) {
+      const int64_t id = t.block_table[b];
+      const int tokens = std::min(bs, len - b * bs);
+      const int64_t bytes = static_cast<int64_t>(tokens) * hd * es;
+      const uint8_t* k = t.key_head + id * t.key_block_stride_bytes;
+      const uint8_t* v = t.value_head + id * t.value_block_stride_bytes;
+      for (int64_t o = 0; o < bytes; o += 64) {
+        __builtin_prefetch(k + o, 0, 2);
+        __builtin_prefetch(v + o, 0, 2);
+      }
+    }
+  };
+  const auto run_unit = [&](int64_t i) {
     const int part = static_cast<int>(i % parts);
     const int kvh = static_cast<int>((i / parts) % kvh_count);
     const int seq = static_cast<int>(i / parts / kvh_count);
@@ -180,6 +209,13 @@ void run_decode(const AttentionParams& p, const SparseView* sv) {
     t.row_max = part_max.data() + base;
     t.row_sum = part_sum.data() + base;
     ops.attend(t);
+  };
+  parallel_for(num_runs, [&](int64_t r, int) {
+    const int64_t end = (r + 1) * num_tasks / num_runs;
+    for (int64_t i = r * num_tasks / num_runs; i < end; ++i) {
+      if (i + 1 < end) prefetch_start(i + 1);
+      run_unit(i);
+    }
   });
   if (parts == 1) return;
 
