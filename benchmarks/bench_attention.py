@@ -6,17 +6,19 @@ machine's read bandwidth (a 1 GiB float32 sum in C++ on all kernel threads, whic
 the caches), the paged kernel, and torch's scaled_dot_product_attention over the same data laid
 out contiguously ([B, H, L, D]; fp8 has no SDPA, so its baseline is SDPA on bf16). Reported:
 K/V bytes read per second, that as a fraction of the bandwidth measured in the same rounds, and
-SDPA time / kernel time. The machine is shared, so each figure is the best of the rounds (the
-least disturbed measurement: fastest time, highest bandwidth); medians are kept in the JSON.
+SDPA time / kernel time. The machine is shared, so each fraction is paired within a round (the
+kernel's K/V bytes per second over the bandwidth probed just before it) and the median over
+rounds is reported; so are the median times and per-round time ratios (the best-of-rounds
+figures are kept in the JSON as best_*).
 Engines: every CPU attention engine this CPU runs (avx512, avx2, generic, and the opt-in
 avx512_bf16 where it runs), forced in turn within each round (a bandwidth probe before each),
-on the target cases 16 x 2k and 1 x 8k, reported as the fraction of the best read bandwidth
-probed in that case's rounds and its distance to the target (0.8; fp8 0.6).
+on the target cases 16 x 2k and 1 x 8k, reported as the fraction of the read bandwidth probed
+just before each run (median over rounds) and its distance to the target (0.8; fp8 0.6).
 Peer: vLLM's CPU decode kernel (`cpu_attention_with_kv_cache`, in the venv of setup_vllm.sh,
 driven as a subprocess: peers/vllm_attention.py) on the same shapes, dtypes and bytes, at
 block 16 (pagedllm's) and 128 (vLLM's CPU default), timed in the same rounds; reported as
-pagedllm time / vLLM's best. Left out, with the reason in the JSON, when its venv is missing
-(or with --no-peer).
+vLLM time / pagedllm time, median of the per-round ratios. Left out, with the reason in the
+JSON, when its venv is missing (or with --no-peer).
 Prefill: causal attention of whole prompts, tokens per second against causal SDPA.
 
 Usage: PYTHONPATH=python python benchmarks/bench_attention.py [--quick] [--rounds N] [--no-peer]
@@ -138,6 +140,14 @@ def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator):
                 kv_bytes=2 * batch * ctx * KV_HEADS * HEAD_DIM * kc.element_size())
 
 
+def paired_frac(kv_bytes: int, times: list, probes: list) -> float:
+    """Median over rounds of (K/V bytes / kernel time) / (the read bandwidth probed just before
+    that kernel run): each round's fraction uses its own probe, so the machine's bandwidth
+    drifting between rounds (other tenants) cancels instead of pairing one round's best probe
+    with another's best time."""
+    return statistics.median(kv_bytes / t / b for t, b in zip(times, probes))
+
+
 def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen, peer=None) -> dict:
     c = make_decode_case(batch, ctx, storage, gen)
     vllm, vllm_errors = {}, {}
@@ -165,28 +175,32 @@ def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen, peer=None) -> 
         bw.measure()
         ts_sdpa.append(timed(sdpa))
         for block, v in vllm.items():
-            bw.measure()
+            v.setdefault("bw", []).append(bw.measure())
             v["s"].append(peer.time(f"b{block}"))
     if peer is not None:
         peer.drop()
     t, t_sdpa, bandwidth = min(ts), min(ts_sdpa), max(bws)
+    kv = c["kv_bytes"]
     peer_out = {"vllm_errors": vllm_errors} if vllm_errors else {}
     if vllm:
-        best = min(vllm, key=lambda b: min(vllm[b]["s"]))
-        t_v = min(vllm[best]["s"])
+        best = min(vllm, key=lambda b: statistics.median(vllm[b]["s"]))
+        v = vllm[best]
         peer_out.update(
-            vllm_ms={str(b): min(v["s"]) * 1e3 for b, v in vllm.items()},
-            vllm_median_ms={str(b): statistics.median(v["s"]) * 1e3 for b, v in vllm.items()},
-            vllm_isa={str(b): v["isa"] for b, v in vllm.items()}, vllm_best_block=best,
-            vllm_frac_of_bw=vllm[best]["kv_bytes"] / t_v / bandwidth,
-            speedup_vs_vllm=t_v / t)
+            vllm_ms={str(b): min(x["s"]) * 1e3 for b, x in vllm.items()},
+            vllm_median_ms={str(b): statistics.median(x["s"]) * 1e3 for b, x in vllm.items()},
+            vllm_isa={str(b): x["isa"] for b, x in vllm.items()}, vllm_best_block=best,
+            vllm_frac_of_bw=paired_frac(v["kv_bytes"], v["s"], v["bw"]),
+            best_vllm_frac_of_bw=v["kv_bytes"] / min(v["s"]) / bandwidth,
+            speedup_vs_vllm=statistics.median(tv / tp for tv, tp in zip(v["s"], ts)),
+            best_speedup_vs_vllm=min(v["s"]) / t)
     return dict(**peer_out, batch=batch, context=ctx, storage=storage, kernel=_core.cpu_kernel(),
-                kernel_ms=t * 1e3, sdpa_ms=t_sdpa * 1e3, sdpa_dtype=str(c["k_sdpa"].dtype),
-                kv_bytes=c["kv_bytes"], kv_gbps=c["kv_bytes"] / t / 1e9,
-                read_bw_gbps=bandwidth / 1e9, frac_of_bw=c["kv_bytes"] / t / bandwidth,
-                speedup_vs_sdpa=t_sdpa / t, median_kernel_ms=statistics.median(ts) * 1e3,
-                median_sdpa_ms=statistics.median(ts_sdpa) * 1e3,
-                median_read_bw_gbps=statistics.median(bws) / 1e9)
+                kernel_ms=statistics.median(ts) * 1e3, sdpa_ms=statistics.median(ts_sdpa) * 1e3,
+                sdpa_dtype=str(c["k_sdpa"].dtype), kv_bytes=kv,
+                kv_gbps=kv / statistics.median(ts) / 1e9,
+                read_bw_gbps=statistics.median(bws) / 1e9, frac_of_bw=paired_frac(kv, ts, bws),
+                speedup_vs_sdpa=statistics.median(a / b for a, b in zip(ts_sdpa, ts)),
+                best_kernel_ms=t * 1e3, best_sdpa_ms=t_sdpa * 1e3,
+                best_read_bw_gbps=bandwidth / 1e9, best_frac_of_bw=kv / t / bandwidth)
 
 
 def bench_engines(batch, ctx, storage, engines, bw: Bandwidth, rounds, gen) -> list:
@@ -215,25 +229,25 @@ def bench_engines(batch, ctx, storage, engines, bw: Bandwidth, rounds, gen) -> l
     target = 0.6 if storage == "fp8" else TARGET_FRAC
     out = []
     bandwidth = max(max(b) for b in bws.values())  # the case's best probe, all engines' rounds
+    kv = c["kv_bytes"]
     for e in engines:
-        t = min(ts[e])
-        frac = c["kv_bytes"] / t / bandwidth
+        t = statistics.median(ts[e])
+        frac = paired_frac(kv, ts[e], bws[e])
         out.append(dict(engine=e, batch=batch, context=ctx, storage=storage, kernel_ms=t * 1e3,
-                        kv_bytes=c["kv_bytes"], kv_gbps=c["kv_bytes"] / t / 1e9,
-                        read_bw_gbps=bandwidth / 1e9, frac_of_bw=frac, target_frac=target,
-                        frac_short_of_target=max(0.0, target - frac),
-                        median_kernel_ms=statistics.median(ts[e]) * 1e3,
-                        median_read_bw_gbps=statistics.median(bws[e]) / 1e9,
-                        median_frac_of_bw=c["kv_bytes"] / statistics.median(ts[e]) /
-                        statistics.median(bws[e])))
+                        kv_bytes=kv, kv_gbps=kv / t / 1e9,
+                        read_bw_gbps=statistics.median(bws[e]) / 1e9, frac_of_bw=frac,
+                        target_frac=target, frac_short_of_target=max(0.0, target - frac),
+                        best_kernel_ms=min(ts[e]) * 1e3, best_read_bw_gbps=bandwidth / 1e9,
+                        best_frac_of_bw=kv / min(ts[e]) / bandwidth,
+                        median_frac_of_bw=frac))
     return out
 
 
 def run_engines(bw: Bandwidth, rounds: int, gen) -> list:
     """Every engine this CPU runs, on the target cases, every storage type; prints a table."""
     engines = _core.cpu_engines()
-    print(f"engines {engines}: fraction of the read bandwidth (target 0.8, fp8 0.6), best of "
-          f"{rounds} rounds")
+    print(f"engines {engines}: fraction of the read bandwidth (target 0.8, fp8 0.6), median of "
+          f"{rounds} rounds, each paired with its own bandwidth probe")
     print(f"{'storage':>7} {'case':>9} " + " ".join(f"{e:>14}" for e in engines))
     rows = []
     for storage in STORAGE:
