@@ -12,6 +12,8 @@ Per model ("tiny", "small"; random fp32 weights, one checkpoint directory for ev
   one; transformers is left out of it (its padded batches make it minutes per round).
 Reported: output tokens per second (transformers: the requests' own tokens only), medians,
 ratios, engine start-up times, and whether the engines agree on the first generated tokens.
+Every timed run starts once the CPUs are idle (common.wait_until_quiet): vLLM keeps a core busy
+for about a second after each of its runs, which would otherwise be taken from the next run.
 
 Usage: python -m benchmarks --only throughput   (or: python -m benchmarks.bench_throughput)
 Writes benchmarks/results/throughput.json.
@@ -25,7 +27,7 @@ from typing import Dict, List, Optional, Tuple
 
 from tqdm.auto import tqdm
 
-from benchmarks.common import checkpoint, write_results
+from benchmarks.common import checkpoint, wait_until_quiet, write_results
 from benchmarks.engines import PagedEngine, RunResult
 from benchmarks.workloads import (MIXED, QUICK_MIXED, BenchRequest,
                                   describe, long_prompt_workload, mixed_workload,
@@ -171,6 +173,7 @@ class _Peers:
 
 
 def _run(engine, reqs: List[BenchRequest], hf_batch: int) -> RunResult:
+    wait_until_quiet()  # the engine that ran before may still hold a core (wait_until_quiet)
     if engine.name == "transformers":
         return engine.generate(reqs, hf_batch)
     return engine.generate(reqs)

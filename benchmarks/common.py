@@ -47,6 +47,40 @@ def median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 1) -> 
     return statistics.median(times)
 
 
+def _cpu_ticks() -> Optional[tuple]:
+    """(busy, total) jiffies of all CPUs from /proc/stat, or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            t = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(t[:3]) + sum(t[5:7]), sum(t)  # user nice system + irq softirq (not steal)
+
+
+def wait_until_quiet(threshold: float = 0.1, window_s: float = 0.25, max_wait_s: float = 10.0,
+                     ) -> float:
+    """Waits until the CPUs are idle: a `window_s` window in which under `threshold` of the
+    machine's CPU time was busy (or `max_wait_s` passed). Returns the seconds waited.
+
+    An engine that has just finished a run may keep a core busy for a while: vLLM's CPU build
+    keeps one of two cores fully busy for about a second after each generate call returns (its
+    worker polling). A timed run that starts then loses that core, so every timed run of the
+    throughput benchmarks starts after this wait, whichever engine ran before.
+    """
+    t0 = time.perf_counter()
+    prev = _cpu_ticks()
+    if prev is None:
+        return 0.0
+    while time.perf_counter() - t0 < max_wait_s:
+        time.sleep(window_s)
+        cur = _cpu_ticks()
+        busy, total = cur[0] - prev[0], cur[1] - prev[1]
+        prev = cur
+        if total > 0 and busy / total < threshold:
+            break
+    return time.perf_counter() - t0
+
+
 def machine_info() -> dict:
     """Facts that make a figure comparable: CPU, cores, versions, date."""
     cpu = platform.processor() or ""

@@ -151,7 +151,8 @@ void run_decode(const AttentionParams& p, const SparseView* sv) {
   // computes, the next unit's first K/V rows are requested (its own chunk prefetch starts only
   // when it does), so short contexts do not start every unit on a cold miss.
   const int64_t num_tasks = static_cast<int64_t>(p.num_seqs) * kvh_count * parts;
-  const int64_t num_runs = std::min<int64_t>(num_tasks, 8 * static_cast<int64_t>(get_num_threads()));
+  const int64_t num_runs =
+      std::min<int64_t>(num_tasks, 8 * static_cast<int64_t>(get_num_threads()));
   const int es = element_size(p.cache.dtype);
   const auto prefetch_start = [&](int64_t i) {
     const int part = static_cast<int>(i % parts);

@@ -131,7 +131,10 @@ struct OpenMpRuntime {
 // One job at a time, process-wide; also held across fork() by the atfork handlers.
 std::mutex g_run_mu;
 ThreadPool* g_pool = nullptr;     // created lazily; leaked (never joined) in a forked child
-OpenMpRuntime* g_omp = nullptr;   // set by adopt_loaded_openmp; dropped in a forked child
+OpenMpRuntime g_omp_rt;           // found by adopt_loaded_openmp (kept once found)
+bool g_use_omp = false;           // parallel_for runs on g_omp_rt; false in a forked child
+bool g_team_ran = false;          // a job ran on the OpenMP team in this process
+bool g_team_lost = false;         // this process was forked after its parent's team ran
 int g_requested = 0;              // set_num_threads value, 0 = default
 
 void atfork_prepare() { g_run_mu.lock(); }
@@ -141,7 +144,8 @@ void atfork_child() {
   // leaked on purpose), and let the next call build a fresh one. An OpenMP runtime whose team
   // the parent used would wait for those threads too, so the child is back on the built-in pool.
   g_pool = nullptr;
-  g_omp = nullptr;
+  g_use_omp = false;
+  g_team_lost = g_team_lost || g_team_ran;
   g_run_mu.unlock();
 }
 
@@ -196,13 +200,14 @@ void parallel_for(int64_t n, const ParallelFn& fn) {
   Job job;
   job.n = n;
   job.fn = &fn;
-  if (g_omp != nullptr) {
+  if (g_use_omp) {
     const int size = pool_size_locked();
     if (size == 1) {
       job.drain(0);
     } else {
-      TeamJob team{&job, g_omp->thread_num};
-      g_omp->parallel(&team_body, &team, static_cast<unsigned>(size), 0);
+      TeamJob team{&job, g_omp_rt.thread_num};
+      g_team_ran = true;
+      g_omp_rt.parallel(&team_body, &team, static_cast<unsigned>(size), 0);
     }
   } else {
     ThreadPool& pool = pool_locked();
@@ -227,42 +232,41 @@ void set_num_threads(int n) {
 
 int get_num_threads() {
   std::lock_guard<std::mutex> lock(g_run_mu);
-  if (g_omp != nullptr) return pool_size_locked();
+  if (g_use_omp) return pool_size_locked();
   return pool_locked().size();
 }
 
 bool adopt_loaded_openmp() {
   static const char* const kLibraries[] = {"libgomp.so.1", "libiomp5.so", "libomp.so"};
   std::lock_guard<std::mutex> lock(g_run_mu);
-  if (g_omp != nullptr) return true;
+  if (g_team_lost) return false;  // the runtime still counts the parent's team threads
   for (const char* lib : kLibraries) {
-    void* handle = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);  // only one that is already loaded
+    if (g_omp_rt.parallel != nullptr) break;
+    // Only a library that is already loaded; the handle (never closed) keeps it loaded.
+    void* handle = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
     if (handle == nullptr) continue;
-    auto* rt = new OpenMpRuntime;  // leaked on purpose: the runtime outlives every caller
-    rt->parallel = reinterpret_cast<decltype(rt->parallel)>(dlsym(handle, "GOMP_parallel"));
-    rt->thread_num = reinterpret_cast<decltype(rt->thread_num)>(dlsym(handle, "omp_get_thread_num"));
-    rt->library = lib;
-    if (rt->parallel == nullptr || rt->thread_num == nullptr) {
-      delete rt;
-      continue;  // the handle keeps a reference to an already-loaded library: harmless
-    }
-    register_atfork();
-    delete g_pool;  // its workers would only sleep beside the OpenMP team
-    g_pool = nullptr;
-    g_omp = rt;
-    return true;
+    OpenMpRuntime rt;
+    rt.parallel = reinterpret_cast<decltype(rt.parallel)>(dlsym(handle, "GOMP_parallel"));
+    rt.thread_num = reinterpret_cast<decltype(rt.thread_num)>(dlsym(handle, "omp_get_thread_num"));
+    rt.library = lib;
+    if (rt.parallel != nullptr && rt.thread_num != nullptr) g_omp_rt = rt;
   }
-  return false;
+  if (g_omp_rt.parallel == nullptr) return false;
+  register_atfork();
+  delete g_pool;  // its workers would only sleep beside the OpenMP team
+  g_pool = nullptr;
+  g_use_omp = true;
+  return true;
 }
 
 void use_builtin_pool() {
   std::lock_guard<std::mutex> lock(g_run_mu);
-  g_omp = nullptr;  // the runtime record stays allocated (an in-flight reader is impossible: lock)
+  g_use_omp = false;
 }
 
 std::string parallel_runtime() {
   std::lock_guard<std::mutex> lock(g_run_mu);
-  return g_omp != nullptr ? "openmp:" + g_omp->library : std::string("builtin");
+  return g_use_omp ? "openmp:" + g_omp_rt.library : std::string("builtin");
 }
 
 }  // namespace pagedllm::kernels

@@ -5,9 +5,10 @@
 // team of an OpenMP runtime the process has already loaded (torch's libgomp, which oneDNN's
 // matmuls run on): one set of threads for the matmuls and the kernels, where two pools would
 // fight over the cores (on 2 cores a decode step's attention ran 3-4x slower beside torch's
-// spinning OpenMP threads). This library never links or loads an OpenMP runtime itself. The default size is the
-// number of CPUs this process may run on (sched_getaffinity), overridden by the environment
-// variable PAGEDLLM_NUM_THREADS (an integer >= 1; other values are ignored).
+// spinning OpenMP threads). This library never links or loads an OpenMP runtime itself.
+// The default size is the number of CPUs this process may run on (sched_getaffinity),
+// overridden by the environment variable PAGEDLLM_NUM_THREADS (an integer >= 1; other values
+// are ignored).
 // Fork safety: a pthread_atfork handler keeps fork() from splitting a running job; the child
 // drops the parent's (absent) workers and builds a fresh pool on its first call, and goes back
 // to the built-in pool (an OpenMP region in a forked child whose parent used the team hangs).
@@ -40,7 +41,8 @@ int default_num_threads();
 
 // Runs later parallel_for calls on the team of an OpenMP runtime already loaded in this process
 // (libgomp.so.1, libiomp5.so or libomp.so, through their GOMP_parallel entry point), with
-// get_num_threads() threads. Returns false, changing nothing, when none is loaded.
+// get_num_threads() threads. Returns false, changing nothing, when none is loaded, and in a
+// process forked after its parent ran a job on the team (that team's threads are gone).
 bool adopt_loaded_openmp();
 
 // Runs later parallel_for calls on the built-in pool again.
