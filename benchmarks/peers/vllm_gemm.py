@@ -3,7 +3,8 @@
 Both are oneDNN: pagedllm's `packed_linear` (torch's `mkldnn._reorder_linear_weight` +
 `_linear_pointwise`) and vLLM's `onednn_mm` on a handler from `create_onednn_mm` (what vLLM's
 CPU build uses for unquantized projections). Run with the vLLM venv's python, which has torch
-2.13 too; nothing of pagedllm but packed_linear.py (loaded by path) is imported. For each dtype
+2.13 too; nothing of pagedllm but packed_linear.py (loaded by path) is imported, and of the
+benchmarks only common.py (standard library only). For each dtype
 (float32, bfloat16), row count and projection shape of "small" (hidden 1024, ffn 2816, vocab
 32000): the median of 30 calls of each, and pagedllm time / vLLM time.
 
@@ -17,13 +18,15 @@ import argparse
 import importlib.util
 import json
 import platform
-import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import median_time  # noqa: E402 (stdlib only: runs in vLLM's venv)
 SHAPES = {"qkv": (1536, 1024), "o_proj": (1024, 1024), "gate_up": (5632, 1024),
           "down": (1024, 2816), "lm_head": (32000, 1024)}  # [out, in] of "small"
 ROWS = (1, 16, 64, 256)
@@ -38,14 +41,7 @@ def _packed_linear():
 
 
 def median_ms(fn, calls: int = 30) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    return median_time(fn, repeats=calls, warmup=5) * 1e3
 
 
 def main() -> None:

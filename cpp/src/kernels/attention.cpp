@@ -154,12 +154,20 @@ void run_decode(const AttentionParams& p, const SparseView* sv) {
   const int64_t num_runs =
       std::min<int64_t>(num_tasks, 8 * static_cast<int64_t>(get_num_threads()));
   const int es = element_size(p.cache.dtype);
+  struct Unit {
+    int part, kvh, seq, len, begin;
+  };
+  const auto unit_of = [&](int64_t i) {
+    Unit u;
+    u.part = static_cast<int>(i % parts);
+    u.kvh = static_cast<int>((i / parts) % kvh_count);
+    u.seq = static_cast<int>(i / parts / kvh_count);
+    u.len = context(u.seq, u.kvh);
+    u.begin = u.part * part_len;
+    return u;
+  };
   const auto prefetch_start = [&](int64_t i) {
-    const int part = static_cast<int>(i % parts);
-    const int kvh = static_cast<int>((i / parts) % kvh_count);
-    const int seq = static_cast<int>(i / parts / kvh_count);
-    const int len = context(seq, kvh);
-    const int begin = part * part_len;
+    const auto [part, kvh, seq, len, begin] = unit_of(i);
     if (begin >= len) return;
     AttendTask t = make_task(p, seq, kvh, nullptr, group);
     if (sv) t.block_table = sv->table(sv->list(seq, kvh));
@@ -179,11 +187,7 @@ void run_decode(const AttentionParams& p, const SparseView* sv) {
     }
   };
   const auto run_unit = [&](int64_t i) {
-    const int part = static_cast<int>(i % parts);
-    const int kvh = static_cast<int>((i / parts) % kvh_count);
-    const int seq = static_cast<int>(i / parts / kvh_count);
-    const int len = context(seq, kvh);
-    const int begin = part * part_len;
+    const auto [part, kvh, seq, len, begin] = unit_of(i);
     if (begin >= len && !(part == 0 && parts == 1)) return;  // empty partition
     AttentionScratch& s = thread_scratch();
     s.resize(group, hd);
