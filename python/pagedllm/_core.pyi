@@ -196,6 +196,13 @@ def swap_blocks(src: Tensor, dst: Tensor, block_mapping: Tensor) -> None:
 def set_num_threads(n: int) -> None:
     """Size of the kernel thread pool (default: CPUs available, or PAGEDLLM_NUM_THREADS)."""
 def get_num_threads() -> int: ...
+def adopt_loaded_openmp() -> bool:
+    """Runs the kernels on the team of an OpenMP runtime already loaded in the process (torch's
+    libgomp); False when none is loaded, or in a child forked after the parent's team ran."""
+def use_builtin_pool() -> None:
+    """Runs the kernels on the built-in std::thread pool again."""
+def parallel_runtime() -> str:
+    """Where the kernels run: "builtin" or "openmp:<library>"."""
 def stream_read_sum(x: Tensor) -> float:
     """Sum of a contiguous float32 tensor, read once by all pool threads (bandwidth probe)."""
 def cpu_kernel() -> str:
