@@ -73,11 +73,15 @@ def test_bitwise_equal_on_both_runtimes(restore_runtime, prefill, num_threads):
 def test_errors_leave_the_team_usable(restore_runtime):
     assert _core.adopt_loaded_openmp()
     gen = torch.Generator().manual_seed(5)
-    _, args = _case(gen, [20, 40], False)
+    kv, args = _case(gen, [20, 40], False)
+    before = _run(args, False)
     bad = dict(args, context_lens=torch.tensor([20, 10_000], dtype=torch.int32))
     with pytest.raises((ValueError, IndexError)):
         _core.paged_attention_decode(**bad)
-    assert torch.equal(_run(args, False), _run(args, False))
+    after = _run(args, False)
+    assert torch.equal(after, before)
+    ref = attention_ref(args["query"][1:2], kv.k_full[1], kv.v_full[1], 0.125, torch.tensor([39]))
+    assert torch.allclose(after[1:2], ref.float(), atol=1e-5)
 
 
 def _decode_in_child(queue, args):
