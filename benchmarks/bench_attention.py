@@ -3,7 +3,9 @@
 Decode: batch x context grid, 32 query / 8 KV heads, head_dim 128, block 16, K/V in randomly
 permuted blocks, storage fp32 / bf16 / fp8 (e4m3). For each case, in interleaved rounds: the
 machine's read bandwidth (a 1 GiB float32 sum in C++ on all kernel threads, which also evicts
-the caches), the paged kernel, and torch's scaled_dot_product_attention over the same data laid
+the caches), the paged kernel (caches and probe on the 2 MiB pages the engine's KV pool gets,
+model/huge_pages.py; PAGEDLLM_HUGE_PAGES=0 for 4 KiB ones; vLLM's caches likewise, by torch's
+THP_MEM_ALLOC_ENABLE), and torch's scaled_dot_product_attention over the same data laid
 out contiguously ([B, H, L, D]; fp8 has no SDPA, so its baseline is SDPA on bf16). Reported:
 K/V bytes read per second, that as a fraction of the bandwidth measured in the same rounds, and
 SDPA time / kernel time. The machine is shared, so each fraction is paired within a round (the
@@ -41,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedllm import _core, threads
+from pagedllm.model import huge_pages
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 STORAGE = {"fp32": (torch.float32, "auto"), "bf16": (torch.bfloat16, "auto"),
@@ -63,7 +66,9 @@ class Bandwidth:
     """Read bandwidth probe: sum of a 1 GiB float32 buffer with the kernel thread pool."""
 
     def __init__(self, gib: float = 1.0):
-        self.buf = torch.ones(int(gib * (1 << 30)) // 4)
+        # On the pages the engine's KV pool gets (huge_pages.py): 2 MiB ones read faster.
+        self.buf = huge_pages.zeros((int(gib * (1 << 30)) // 4,), torch.float32)
+        self.buf.fill_(1.0)
         _core.stream_read_sum(self.buf)
 
     def measure(self) -> float:
@@ -89,7 +94,9 @@ class VllmKernel:
         script = Path(__file__).resolve().parent / "peers" / "vllm_attention.py"
         self.threads = threads
         self.peer = WorkerPeer("vllm-attention", [vllm_python(build=False), str(script)],
-                               {"VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": str(threads)})
+                               {"VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": str(threads),
+                                # its caches on huge pages too, like pagedllm's (torch's switch)
+                                "THP_MEM_ALLOC_ENABLE": "1" if huge_pages.enabled() else "0"})
         self.version = self.peer.version
 
     def case(self, key: str, batch: int, ctx: int, storage: str, block: int) -> dict:
@@ -110,6 +117,13 @@ class VllmKernel:
         self.peer.close()
 
 
+def on_pool_pages(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` on the memory the engine's KV pool gets (huge_pages.zeros)."""
+    out = huge_pages.zeros(t.shape, t.dtype)
+    out.copy_(t)
+    return out
+
+
 def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator):
     """Paged caches (blocks permuted), tables, query, and the contiguous copy SDPA reads."""
     dtype, kv_cache_dtype = STORAGE[storage]
@@ -122,6 +136,7 @@ def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator):
     else:
         kc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen).to(dtype)
         vc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen).to(dtype)
+    kc, vc = on_pool_pages(kc), on_pool_pages(vc)
     tables = torch.randperm(blocks, generator=gen).to(torch.int32).reshape(batch, ctx // BLOCK)
     lens = torch.full((batch,), ctx, dtype=torch.int32)
     act = torch.float32 if dtype == torch.uint8 else dtype
@@ -273,8 +288,8 @@ def cpu_model() -> str:
 def bench_prefill(batch, prompt, dtype, rounds, gen) -> dict:
     """Whole prompts of `prompt` tokens: paged causal prefill vs causal SDPA."""
     blocks = batch * prompt // BLOCK
-    kc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen).to(dtype)
-    vc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen).to(dtype)
+    kc = on_pool_pages(torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen).to(dtype))
+    vc = on_pool_pages(torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen).to(dtype))
     tables = torch.randperm(blocks, generator=gen).to(torch.int32).reshape(batch, -1)
     lens = torch.full((batch,), prompt, dtype=torch.int32)
     cu = torch.arange(0, batch + 1, dtype=torch.int32) * prompt

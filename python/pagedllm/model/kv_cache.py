@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from pagedllm import ops
+from pagedllm.model import huge_pages
 from pagedllm.model.config import ModelConfig
 
 # kv_cache_dtype name -> (storage torch dtype, None meaning the model dtype; the name the kernels
@@ -92,10 +93,10 @@ class PagedKVCache:
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
         extra = _bound_layers(config.num_hidden_layers, block_size) if key_bounds else 0
         # pool: [num_blocks, num_layers (+ extra), 2, num_kv_heads, block_size, head_dim]
-        self.pool = torch.zeros(num_blocks, config.num_hidden_layers + extra, 2,
-                                config.num_key_value_heads,
-                                block_size, config.head_dim, dtype=self.storage_dtype,
-                                device=device)
+        # (on 2 MiB pages on the CPU: huge_pages.py)
+        self.pool = huge_pages.zeros((num_blocks, config.num_hidden_layers + extra, 2,
+                                      config.num_key_value_heads, block_size, config.head_dim),
+                                     dtype=self.storage_dtype, device=device)
         self.device = self.pool.device
         # per layer: [num_blocks, num_kv_heads, block_size, head_dim] views, made once.
         self._key_caches = [self.pool[:, i, 0] for i in range(self.num_layers)]
