@@ -19,7 +19,9 @@ just before each run (median over rounds) and its distance to the target (0.8; f
 Peer: vLLM's CPU decode kernel (`cpu_attention_with_kv_cache`, in the venv of setup_vllm.sh,
 driven as a subprocess: peers/vllm_attention.py) on the same shapes, dtypes and bytes, at
 block 16 (pagedllm's) and 128 (vLLM's CPU default), timed in the same rounds; reported as
-vLLM time / pagedllm time, median of the per-round ratios. Left out, with the reason in the
+vLLM time / pagedllm time, median of the per-round ratios. pagedllm is timed at its default block
+(16) and again at 128 (the same shapes on 128-token blocks: 16 KiB-64 KiB contiguous runs per
+KV head instead of 4-8 KiB), its own probe before each. Left out, with the reason in the
 JSON, when its venv is missing (or with --no-peer).
 Prefill: causal attention of whole prompts, tokens per second against causal SDPA.
 
@@ -46,6 +48,7 @@ from pagedllm import _core, threads
 from pagedllm.model import huge_pages
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
+BIG_BLOCK = 128  # pagedllm is also timed at vLLM's CPU default block (longer contiguous runs)
 STORAGE = {"fp32": (torch.float32, "auto"), "bf16": (torch.bfloat16, "auto"),
            "fp8": (torch.uint8, "fp8")}
 MAX_TOKENS = 65536  # batch * context cap: keeps fp32 K/V + its contiguous copy near 1 GiB
@@ -124,20 +127,22 @@ def on_pool_pages(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator):
-    """Paged caches (blocks permuted), tables, query, and the contiguous copy SDPA reads."""
+def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator,
+                     block: int = BLOCK):
+    """Paged caches of `block`-token blocks (permuted), tables, query, and the contiguous copy
+    SDPA reads."""
     dtype, kv_cache_dtype = STORAGE[storage]
-    blocks = batch * ctx // BLOCK
+    blocks = batch * ctx // block
     if dtype == torch.uint8:  # fp8 bytes of N(0, 1) values (k_scale = v_scale = 1)
-        kc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen)
+        kc = torch.randn((blocks, KV_HEADS, block, HEAD_DIM), generator=gen)
         kc = kc.to(torch.float8_e4m3fn).view(torch.uint8)
-        vc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen)
+        vc = torch.randn((blocks, KV_HEADS, block, HEAD_DIM), generator=gen)
         vc = vc.to(torch.float8_e4m3fn).view(torch.uint8)
     else:
-        kc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen).to(dtype)
-        vc = torch.randn((blocks, KV_HEADS, BLOCK, HEAD_DIM), generator=gen).to(dtype)
+        kc = torch.randn((blocks, KV_HEADS, block, HEAD_DIM), generator=gen).to(dtype)
+        vc = torch.randn((blocks, KV_HEADS, block, HEAD_DIM), generator=gen).to(dtype)
     kc, vc = on_pool_pages(kc), on_pool_pages(vc)
-    tables = torch.randperm(blocks, generator=gen).to(torch.int32).reshape(batch, ctx // BLOCK)
+    tables = torch.randperm(blocks, generator=gen).to(torch.int32).reshape(batch, ctx // block)
     lens = torch.full((batch,), ctx, dtype=torch.int32)
     act = torch.float32 if dtype == torch.uint8 else dtype
     q = torch.randn((batch, HEADS, HEAD_DIM), generator=gen).to(act)
@@ -165,6 +170,7 @@ def paired_frac(kv_bytes: int, times: list, probes: list) -> float:
 
 def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen, peer=None) -> dict:
     c = make_decode_case(batch, ctx, storage, gen)
+    big = make_decode_case(batch, ctx, storage, gen, BIG_BLOCK)
     vllm, vllm_errors = {}, {}
     if peer is not None:
         for block in VLLM_BLOCKS:
@@ -174,19 +180,24 @@ def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen, peer=None) -> 
                 vllm_errors[str(block)] = str(e).split(" (log:")[0]
     scale = 1.0 / math.sqrt(HEAD_DIM)
 
-    def kernel():
-        _core.paged_attention_decode(c["out"], c["q"], c["kc"], c["vc"], c["tables"], c["lens"],
-                                     scale, c["kv_cache_dtype"])
+    def kernel(case=c):
+        _core.paged_attention_decode(case["out"], case["q"], case["kc"], case["vc"],
+                                     case["tables"], case["lens"], scale, case["kv_cache_dtype"])
 
     def sdpa():
         F.scaled_dot_product_attention(c["q_sdpa"], c["k_sdpa"], c["v_sdpa"], scale=scale,
                                        enable_gqa=True)
 
-    kernel(), sdpa()  # warm up
-    bws, ts, ts_sdpa = [], [], []
+    def kernel_big():
+        kernel(big)
+
+    kernel(), kernel_big(), sdpa()  # warm up
+    bws, ts, ts_sdpa, bws_big, ts_big = [], [], [], [], []
     for _ in range(rounds):
         bws.append(bw.measure())  # also evicts the caches before the kernel
         ts.append(timed(kernel))
+        bws_big.append(bw.measure())
+        ts_big.append(timed(kernel_big))
         bw.measure()
         ts_sdpa.append(timed(sdpa))
         for block, v in vllm.items():
@@ -207,7 +218,9 @@ def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen, peer=None) -> 
             vllm_frac_of_bw=paired_frac(v["kv_bytes"], v["s"], v["bw"]),
             best_vllm_frac_of_bw=v["kv_bytes"] / min(v["s"]) / bandwidth,
             speedup_vs_vllm=statistics.median(tv / tp for tv, tp in zip(v["s"], ts)),
-            best_speedup_vs_vllm=min(v["s"]) / t)
+            best_speedup_vs_vllm=min(v["s"]) / t,
+            speedup_vs_vllm_big_block=statistics.median(tv / tp for tv, tp in zip(v["s"],
+                                                                                   ts_big)))
     return dict(**peer_out, batch=batch, context=ctx, storage=storage, kernel=_core.cpu_kernel(),
                 kernel_ms=statistics.median(ts) * 1e3, sdpa_ms=statistics.median(ts_sdpa) * 1e3,
                 sdpa_dtype=str(c["k_sdpa"].dtype), kv_bytes=kv,
@@ -215,7 +228,9 @@ def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen, peer=None) -> 
                 read_bw_gbps=statistics.median(bws) / 1e9, frac_of_bw=paired_frac(kv, ts, bws),
                 speedup_vs_sdpa=statistics.median(a / b for a, b in zip(ts_sdpa, ts)),
                 best_kernel_ms=t * 1e3, best_sdpa_ms=t_sdpa * 1e3,
-                best_read_bw_gbps=bandwidth / 1e9, best_frac_of_bw=kv / t / bandwidth)
+                best_read_bw_gbps=bandwidth / 1e9, best_frac_of_bw=kv / t / bandwidth,
+                big_block=BIG_BLOCK, kernel_ms_big_block=statistics.median(ts_big) * 1e3,
+                frac_of_bw_big_block=paired_frac(kv, ts_big, bws_big))
 
 
 def bench_engines(batch, ctx, storage, engines, bw: Bandwidth, rounds, gen) -> list:
@@ -363,7 +378,8 @@ def main() -> None:
     decode = []
     peer, args.peer = start_peer(args.no_peer)
     print(f"{'storage':>7} {'batch':>5} {'ctx':>5} {'ms':>8} {'KV GB/s':>8} {'bw GB/s':>8} "
-          f"{'%bw':>5} {'sdpa ms':>8} {'vs sdpa':>7} {'vllm %bw':>8} {'vs vllm':>7}")
+          f"{'%bw':>5} {'sdpa ms':>8} {'vs sdpa':>7} {'vllm %bw':>8} {'vs vllm':>7}"
+          f" | block {BIG_BLOCK}: {'%bw':>4} {'vs vllm':>7}")
     try:
         for storage in STORAGE:
             for batch, ctx in cases:
@@ -371,10 +387,13 @@ def main() -> None:
                 decode.append(r)
                 vl = (f"{100 * r['vllm_frac_of_bw']:7.0f}% {r['speedup_vs_vllm']:6.2f}x"
                       if "speedup_vs_vllm" in r else f"{'-':>8} {'-':>7}")
+                vb = (f"{r['speedup_vs_vllm_big_block']:6.2f}x"
+                      if "speedup_vs_vllm_big_block" in r else f"{'-':>7}")
                 print(f"{storage:>7} {batch:>5} {ctx:>5} {r['kernel_ms']:8.2f} "
                       f"{r['kv_gbps']:8.2f} {r['read_bw_gbps']:8.2f} "
                       f"{100 * r['frac_of_bw']:4.0f}% {r['sdpa_ms']:8.2f} "
-                      f"{r['speedup_vs_sdpa']:6.2f}x {vl}", flush=True)
+                      f"{r['speedup_vs_sdpa']:6.2f}x {vl} | {'':>10}"
+                      f"{100 * r['frac_of_bw_big_block']:4.0f}% {vb}", flush=True)
     finally:
         if peer is not None:
             peer.close()
