@@ -1,0 +1,104 @@
+"""Two engine settings side by side in one process: one workload run on each, alternately.
+
+Each variant is an engine built under its own environment variables (read at construction,
+such as PAGEDLLM_HUGE_PAGES for where the KV pool lives) or its own `block_size`; all are
+warmed up, then every round runs the workload once on each, the order rotating, each run
+started on idle CPUs (common.wait_until_quiet). Same process, same checkpoint and machine
+state, so the per-round time ratios (first variant / each other one) are the figure; their
+median is reported, with the median wall times.
+
+Usage: PYTHONPATH=.:python python -m benchmarks.engine_ab --vary PAGEDLLM_HUGE_PAGES=0,1
+           [--model tiny] [--dtype float32] [--workload long|mixed] [--output-len 64]
+           [--max-prompt 4032] [--rounds 4]
+       ... --vary block_size=16,64
+Prints each round and the summary; writes benchmarks/results/engine_ab_<name>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from benchmarks.bench_throughput import ThroughputConfig
+from benchmarks.common import checkpoint, wait_until_quiet, write_results
+from benchmarks.engines import PagedEngine
+from benchmarks.workloads import long_prompt_workload, mixed_workload, uniform_workload
+
+
+def parse_vary(text: str):
+    """'NAME=a,b,...' -> (NAME, [a, b, ...]); NAME is block_size or an environment variable."""
+    name, _, values = text.partition("=")
+    vals = [v for v in values.split(",") if v]
+    if not name or len(vals) < 2:
+        raise SystemExit(f"--vary {text!r}: expected NAME=VALUE1,VALUE2[,...]")
+    return name, vals
+
+
+def build(name: str, value: str, model: str, dtype: str) -> PagedEngine:
+    """An engine with `name` set to `value` (the environment restored after)."""
+    if name == "block_size":
+        return PagedEngine(checkpoint(model), dtype=dtype, block_size=int(value))
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return PagedEngine(checkpoint(model), dtype=dtype)
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vary", required=True)
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--workload", choices=("long", "mixed"), default="long")
+    ap.add_argument("--requests", type=int, default=16, help="long workload: requests")
+    ap.add_argument("--output-len", type=int, default=64, help="long workload: tokens out")
+    ap.add_argument("--max-prompt", type=int, default=4032, help="long workload: longest prompt")
+    ap.add_argument("--rounds", type=int, default=4)
+    args = ap.parse_args()
+    name, values = parse_vary(args.vary)
+    from pagedllm.model.checkpoint import random_config
+
+    vocab = random_config(args.model).vocab_size
+    engines = {}
+    for v in values:
+        engines[v] = build(name, v, args.model, args.dtype)
+        engines[v].generate(uniform_workload(4, vocab, 32, 8, seed=99))
+    if args.workload == "long":
+        reqs = long_prompt_workload(args.requests, vocab, 1024, args.max_prompt,
+                                    args.output_len, seed=7)
+    else:
+        reqs = mixed_workload(vocab=vocab, seed=0, **ThroughputConfig().mixed)
+    times = {v: [] for v in values}
+    for r in range(args.rounds):
+        order = values[r % len(values):] + values[:r % len(values)]
+        for v in order:
+            wait_until_quiet()
+            t = time.perf_counter()
+            engines[v].generate(reqs)
+            times[v].append(time.perf_counter() - t)
+        print(f"round {r + 1}: " + ", ".join(f"{name}={v} {times[v][-1]:.3f} s" for v in values),
+              flush=True)
+    base = values[0]
+    summary = {v: {"median_s": statistics.median(times[v]), "runs_s": times[v],
+                   "speedup_vs_first": statistics.median(a / b for a, b in
+                                                         zip(times[base], times[v]))}
+               for v in values}
+    for v in values:
+        print(f"{name}={v}: median {summary[v]['median_s']:.3f} s, "
+              f"{summary[v]['speedup_vs_first']:.3f}x {name}={base} (median of round ratios)")
+    tag = f"{name.lower()}_{args.model}_{args.dtype}_{args.workload}"
+    write_results(f"engine_ab_{tag}", {
+        "vary": name, "values": values, "model": args.model, "dtype": args.dtype,
+        "workload": args.workload, "requests": len(reqs), "output_len": args.output_len,
+        "max_prompt": args.max_prompt, "rounds": args.rounds, "results": summary})
+
+
+if __name__ == "__main__":
+    main()
