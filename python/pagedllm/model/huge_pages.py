@@ -3,10 +3,10 @@
 Decode attention reads each (block, layer, KV head) of the pool as one run of
 block_size x head_dim elements: 4 KiB for bf16 at block 16 and head_dim 128, so on 4 KiB pages
 every run is a different page and nearly every run a TLB miss (the pool is far larger than the
-TLBs' reach). On 2 MiB pages the same reads go at the rate the prefetches allow: measured on a
-2-core AMD EPYC (docs/BENCHMARKS.md, "Huge pages for the KV pool"), 4 KiB runs in random order
-read at 21 GB/s on 4 KiB pages and 27 GB/s on 2 MiB pages, and the bf16 decode kernel on a
-134 MB cache went from 16.5-19.3 to 22.0-24.8 GB/s.
+TLBs' reach). On 2 MiB pages the same reads go faster: measured on a 2-core AMD EPYC with both
+in one process (benchmarks/huge_pages_ab.py; docs/BENCHMARKS.md, "Huge pages for the KV
+pool"), the decode kernel at 16 x 2k and 1 x 8k tokens took 1.07-1.17x less time (bf16
+16 x 2k: 23.0 -> 26.7 GB/s).
 
 The memory is an anonymous private mapping with `madvise(MADV_HUGEPAGE)`, so it is used when
 the system's THP setting is "always" or "madvise" (the common default); with "never", or on
