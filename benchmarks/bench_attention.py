@@ -3,9 +3,9 @@
 Decode: batch x context grid, 32 query / 8 KV heads, head_dim 128, block 16, K/V in randomly
 permuted blocks, storage fp32 / bf16 / fp8 (e4m3). For each case, in interleaved rounds: the
 machine's read bandwidth (a 1 GiB float32 sum in C++ on all kernel threads, which also evicts
-the caches), the paged kernel (caches and probe on the 2 MiB pages the engine's KV pool gets,
-model/huge_pages.py; PAGEDLLM_HUGE_PAGES=0 for 4 KiB ones; vLLM's caches likewise, by torch's
-THP_MEM_ALLOC_ENABLE), and torch's scaled_dot_product_attention over the same data laid
+the caches), the paged kernel (caches and probe on the pages the engine's KV pool gets:
+4 KiB ones, or 2 MiB with PAGEDLLM_HUGE_PAGES=1, model/huge_pages.py, and then vLLM's caches
+too, by torch's THP_MEM_ALLOC_ENABLE), and torch's scaled_dot_product_attention over the same data laid
 out contiguously ([B, H, L, D]; fp8 has no SDPA, so its baseline is SDPA on bf16). Reported:
 K/V bytes read per second, that as a fraction of the bandwidth measured in the same rounds, and
 SDPA time / kernel time. The machine is shared, so each fraction is paired within a round (the

@@ -15,26 +15,42 @@ from pagedllm.model.kv_cache import PagedKVCache
 BIG = (huge_pages.MIN_HUGE_BYTES // 4 + 3,)  # float32 elements: just over the threshold
 
 
-def _vm_flags(addr: int):
-    """The VmFlags of the mapping of this process that holds `addr` (None: no mapping does)."""
+def _mapping(addr: int):
+    """The /proc/self/smaps fields of the mapping that holds `addr` (None: no mapping does)."""
     try:
         lines = Path("/proc/self/smaps").read_text().splitlines()
     except OSError:
         pytest.skip("no /proc/self/smaps")
-    inside = False
+    fields = None
     for line in lines:
         head = line.split()[0]
         if "-" in head and ":" not in head:
+            if fields is not None:
+                return fields
             lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= addr < hi
-        elif inside and line.startswith("VmFlags:"):
-            return set(line.split()[1:])
-    return None
+            if lo <= addr < hi:
+                fields = {}
+        elif fields is not None:
+            key, _, value = line.partition(":")
+            fields[key] = value.split()
+    return fields
 
 
-needs_thp = pytest.mark.skipif(not huge_pages.enabled(),
+def _vm_flags(addr: int):
+    """The VmFlags of the mapping of this process that holds `addr` (None: no mapping does)."""
+    fields = _mapping(addr)
+    return None if fields is None else set(fields["VmFlags"])
+
+
+needs_thp = pytest.mark.skipif(not huge_pages.available(),
                                reason=f"transparent huge pages unavailable "
                                       f"(mode {huge_pages.thp_mode()})")
+
+
+@pytest.fixture(autouse=True)
+def _opted_in(monkeypatch):
+    """Every test runs with the opt-in set, unless it unsets it."""
+    monkeypatch.setenv(huge_pages.ENV, "1")
 
 
 @needs_thp
@@ -45,6 +61,8 @@ def test_large_tensor_is_zero_aligned_and_advised(dtype):
     assert t.shape == shape and t.dtype == dtype and t.is_contiguous()
     assert t.data_ptr() % huge_pages.HUGE_PAGE == 0
     assert "hg" in _vm_flags(t.data_ptr())  # madvise(MADV_HUGEPAGE) took
+    nbytes = t.numel() * t.element_size()
+    assert int(_mapping(t.data_ptr())["Rss"][0]) * 1024 >= nbytes  # faulted in up front
     assert not t.any()
     t[-1, -1] = 3
     t[0, 0] = 1
@@ -56,10 +74,14 @@ def test_small_or_non_cpu_or_disabled_are_plain_zeros(monkeypatch):
     assert small.untyped_storage().nbytes() == 4096 and not small.any()
     meta = huge_pages.zeros(BIG, torch.float32, device="meta")
     assert meta.device.type == "meta"
-    monkeypatch.setenv(huge_pages.ENV, "0")
-    assert not huge_pages.enabled()
-    plain = huge_pages.zeros(BIG, torch.float32)
-    assert plain.untyped_storage().nbytes() == BIG[0] * 4 and not plain.any()
+    for off in ("0", None):  # opted out, and the default
+        if off is None:
+            monkeypatch.delenv(huge_pages.ENV)
+        else:
+            monkeypatch.setenv(huge_pages.ENV, off)
+        assert not huge_pages.enabled()
+        plain = huge_pages.zeros(BIG, torch.float32)
+        assert plain.untyped_storage().nbytes() == BIG[0] * 4 and not plain.any()
 
 
 def test_thp_mode_reads_the_system_setting(tmp_path, monkeypatch):
@@ -68,7 +90,8 @@ def test_thp_mode_reads_the_system_setting(tmp_path, monkeypatch):
     monkeypatch.setattr(huge_pages, "_THP_SETTING", f)
     assert huge_pages.thp_mode() == "madvise"
     f.write_text("always madvise [never]\n")
-    assert huge_pages.thp_mode() == "never" and not huge_pages.enabled()
+    assert huge_pages.thp_mode() == "never" and not huge_pages.available()
+    assert not huge_pages.enabled()  # opted in, but the system says never
     monkeypatch.setattr(huge_pages, "_THP_SETTING", tmp_path / "missing")
     assert huge_pages.thp_mode() == "absent" and not huge_pages.enabled()
 

@@ -8,10 +8,13 @@ in one process (benchmarks/huge_pages_ab.py; docs/BENCHMARKS.md, "Huge pages for
 pool"), the decode kernel at 16 x 2k and 1 x 8k tokens took 1.07-1.17x less time (bf16
 16 x 2k: 23.0 -> 26.7 GB/s).
 
-The memory is an anonymous private mapping with `madvise(MADV_HUGEPAGE)`, so it is used when
-the system's THP setting is "always" or "madvise" (the common default); with "never", or on
-another OS, or with PAGEDLLM_HUGE_PAGES=0, this is plain `torch.zeros`. Every page is
-touched once here, so the pool is resident before the first step, as with torch.zeros.
+Opt-in, with PAGEDLLM_HUGE_PAGES=1: the memory is then an anonymous private mapping with
+`madvise(MADV_HUGEPAGE)`, used when the system's THP setting is "always" or "madvise" (the
+common default); otherwise, with "never" or on another OS, this is plain `torch.zeros`. Every
+page is touched once here, so the pool is resident before the first step, as with torch.zeros.
+Not the default because the engine's steps gain little (most of a step is GEMMs: 0.97-1.02x end
+to end, within noise) while getting 2 GiB of huge pages took 1.3-1.9 s more at startup than
+torch.zeros on the development machine (the kernel compacting memory for them).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ HUGE_PAGE = 2 << 20  # bytes; x86-64's PMD-sized transparent huge page
 SMALL_PAGE = 4096    # where a huge page could not be had, the kernel falls back to these
 # Below this size a tensor gets no huge pages (a few pages of TLB reach matter little).
 MIN_HUGE_BYTES = 8 * HUGE_PAGE
-ENV = "PAGEDLLM_HUGE_PAGES"  # "0": never use huge pages for the KV pool
+ENV = "PAGEDLLM_HUGE_PAGES"  # "1": the KV pool on huge pages (opt-in, see the module docstring)
 _THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
@@ -43,12 +46,14 @@ def thp_mode() -> str:
     return text[start + 1:end] if 0 <= start < end else "absent"
 
 
-def enabled() -> bool:
-    """True when zeros() places tensors on huge pages: not disabled by PAGEDLLM_HUGE_PAGES=0,
-    and the system honours madvise(MADV_HUGEPAGE)."""
-    if os.environ.get(ENV, "1").strip() == "0":
-        return False
+def available() -> bool:
+    """True when this system honours madvise(MADV_HUGEPAGE) (Linux, THP "always"/"madvise")."""
     return hasattr(mmap, "MADV_HUGEPAGE") and thp_mode() in ("always", "madvise")
+
+
+def enabled() -> bool:
+    """True when zeros() places tensors on huge pages: PAGEDLLM_HUGE_PAGES=1 and available()."""
+    return os.environ.get(ENV, "0").strip() == "1" and available()
 
 
 def zeros(shape: Sequence[int], dtype: torch.dtype, device="cpu") -> torch.Tensor:
