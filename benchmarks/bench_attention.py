@@ -128,9 +128,9 @@ def on_pool_pages(t: torch.Tensor) -> torch.Tensor:
 
 
 def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator,
-                     block: int = BLOCK):
-    """Paged caches of `block`-token blocks (permuted), tables, query, and the contiguous copy
-    SDPA reads."""
+                     block: int = BLOCK, sdpa: bool = True):
+    """Paged caches of `block`-token blocks (permuted), tables, query, and (when `sdpa`) the
+    contiguous copy SDPA reads."""
     dtype, kv_cache_dtype = STORAGE[storage]
     blocks = batch * ctx // block
     if dtype == torch.uint8:  # fp8 bytes of N(0, 1) values (k_scale = v_scale = 1)
@@ -153,11 +153,13 @@ def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator,
             c = c.view(torch.float8_e4m3fn).to(torch.bfloat16)
         return c.permute(0, 2, 1, 3, 4).reshape(batch, KV_HEADS, ctx, HEAD_DIM).contiguous()
 
-    k_sdpa, v_sdpa = contiguous(kc), contiguous(vc)
-    q_sdpa = q.to(k_sdpa.dtype).reshape(batch, HEADS, 1, HEAD_DIM)
-    return dict(kc=kc, vc=vc, tables=tables, lens=lens, q=q, out=torch.empty_like(q),
-                kv_cache_dtype=kv_cache_dtype, q_sdpa=q_sdpa, k_sdpa=k_sdpa, v_sdpa=v_sdpa,
+    case = dict(kc=kc, vc=vc, tables=tables, lens=lens, q=q, out=torch.empty_like(q),
+                kv_cache_dtype=kv_cache_dtype,
                 kv_bytes=2 * batch * ctx * KV_HEADS * HEAD_DIM * kc.element_size())
+    if sdpa:
+        case["k_sdpa"], case["v_sdpa"] = contiguous(kc), contiguous(vc)
+        case["q_sdpa"] = q.to(case["k_sdpa"].dtype).reshape(batch, HEADS, 1, HEAD_DIM)
+    return case
 
 
 def paired_frac(kv_bytes: int, times: list, probes: list) -> float:
@@ -170,7 +172,7 @@ def paired_frac(kv_bytes: int, times: list, probes: list) -> float:
 
 def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen, peer=None) -> dict:
     c = make_decode_case(batch, ctx, storage, gen)
-    big = make_decode_case(batch, ctx, storage, gen, BIG_BLOCK)
+    big = make_decode_case(batch, ctx, storage, gen, BIG_BLOCK, sdpa=False)
     vllm, vllm_errors = {}, {}
     if peer is not None:
         for block in VLLM_BLOCKS:

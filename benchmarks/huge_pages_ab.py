@@ -4,9 +4,8 @@ One process holds two copies of each case's paged K/V (32 query / 8 KV heads, he
 block 16, blocks in random order): one from torch (4 KiB pages, the engine's default) and one
 from `pagedllm.model.huge_pages.zeros` (what the KV pool gets with PAGEDLLM_HUGE_PAGES=1). Each
 round flushes the caches with a 256 MiB read and times one decode call on each copy, the order
-alternating, so
-both see the same machine state; reported per case: K/V bytes per second of each (medians),
-and the median over rounds of the per-round time ratio (4 KiB / 2 MiB).
+alternating, so both see the same machine state; reported per case: K/V bytes per second of
+each (medians), and the median over rounds of the per-round time ratio (4 KiB / 2 MiB).
 
 Usage: PYTHONPATH=.:python python -m benchmarks.huge_pages_ab [--rounds 40] [--threads 2]
 Prints a table and writes benchmarks/results/huge_pages_ab.json.
@@ -15,14 +14,14 @@ Prints a table and writes benchmarks/results/huge_pages_ab.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 
 import torch
 
-from benchmarks.common import machine_info, results_dir
+from benchmarks.bench_attention import on_pool_pages
+from benchmarks.common import write_results
 from pagedllm import _core, threads
 from pagedllm.model import huge_pages
 
@@ -37,9 +36,7 @@ def one_case(dtype: torch.dtype, batch: int, ctx: int, rounds: int, gen: torch.G
     blocks = batch * ctx // BLOCK
     shape = (blocks, KV_HEADS, BLOCK, HEAD_DIM)
     small = [torch.randn(shape, generator=gen).to(dtype) for _ in range(2)]  # K, V
-    huge = [huge_pages.zeros(shape, dtype) for _ in range(2)]
-    for h, s in zip(huge, small):
-        h.copy_(s)
+    huge = [on_pool_pages(s) for s in small]
     tables = torch.randperm(blocks, generator=gen).to(torch.int32).reshape(batch, -1)
     lens = torch.full((batch,), ctx, dtype=torch.int32)
     q = torch.randn((batch, HEADS, HEAD_DIM), generator=gen)
@@ -88,12 +85,9 @@ def main() -> None:
             rows.append(row)
             print(f"{name:>5} {batch:>3} x {ctx:<4} {row['gbps_4k']:11.1f} {row['gbps_2m']:11.1f} "
                   f"{row['time_ratio_4k_over_2m']:10.3f}x", flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu_engine": _core.cpu_kernel(),
-            "threads": args.threads, "rounds": args.rounds, "thp_mode": huge_pages.thp_mode(),
-            "load_avg": os.getloadavg()}
-    meta["machine"] = machine_info()
-    path = results_dir() / "huge_pages_ab.json"
-    path.write_text(json.dumps({"meta": meta, "cases": rows}, indent=1))
+    meta = {"cpu_engine": _core.cpu_kernel(), "threads": args.threads, "rounds": args.rounds,
+            "thp_mode": huge_pages.thp_mode()}  # write_results adds the machine, date and load
+    path = write_results("huge_pages_ab", {"meta": meta, "cases": rows})
     print(f"wrote {path}")
 
 

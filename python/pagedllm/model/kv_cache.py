@@ -93,7 +93,7 @@ class PagedKVCache:
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
         extra = _bound_layers(config.num_hidden_layers, block_size) if key_bounds else 0
         # pool: [num_blocks, num_layers (+ extra), 2, num_kv_heads, block_size, head_dim]
-        # (on 2 MiB pages on the CPU: huge_pages.py)
+        # (on 2 MiB pages on the CPU with PAGEDLLM_HUGE_PAGES=1: huge_pages.py)
         self.pool = huge_pages.zeros((num_blocks, config.num_hidden_layers + extra, 2,
                                       config.num_key_value_heads, block_size, config.head_dim),
                                      dtype=self.storage_dtype, device=device)
