@@ -140,7 +140,8 @@ void bind_kernels(py::module_& m) {
   m.def("set_cpu_engine", &k::set_cpu_engine, py::arg("name"),
         "Uses CPU attention engine `name` ('generic', 'avx2', 'avx512', 'avx512_bf16' (bf16 "
         "dot products for bf16 / fp8 K/V, opt-in), or 'auto' for the best exact one this CPU "
-        "runs); ValueError if unknown, not compiled in, or not supported by this CPU.");
+        "runs (except decode of a bf16 query on an fp8 cache: avx512_bf16 where it runs); "
+        "ValueError if unknown, not compiled in, or not supported by this CPU.");
   m.def("cpu_engines", &k::available_cpu_engines,
         "The CPU attention engines compiled in that this CPU runs: the exact ones best first, "
         "then the opt-in avx512_bf16.");

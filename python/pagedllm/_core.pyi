@@ -211,7 +211,8 @@ def get_cpu_engine() -> str:
     """The attention engine in use (same as cpu_kernel())."""
 def set_cpu_engine(name: str) -> None:
     """Uses attention engine `name` ("generic", "avx2", "avx512", "avx512_bf16" (opt-in: bf16
-    dot products for bf16 / fp8 K/V); "auto" = the best exact one this CPU runs). ValueError
+    dot products for bf16 / fp8 K/V); "auto" = the best exact one this CPU runs, except that
+    decode of a bf16 query on an fp8 cache uses avx512_bf16 where the CPU has it). ValueError
     for an unknown name, one not compiled in, or one this CPU lacks. The initial choice is
     PAGEDLLM_CPU_ENGINE (read at the first kernel call) or "auto"."""
 def cpu_engines() -> list[str]:

@@ -1,7 +1,8 @@
 """The error bound of the avx512_bf16 engine's decode against the float64 reference.
 
-That engine rounds the query rows (softmax scale, fp8 k_scale folded in) to bf16 once per step
-and the softmax probabilities to bf16 for p.v; products are exact and sums fp32. With
+That engine rounds the query rows (unscaled: the softmax scale and fp8 k_scale multiply the
+fp32 scores) to bf16 once per step and the softmax probabilities to bf16 for p.v; products are
+exact and sums fp32. With
 u = 2^-8 (bf16 unit roundoff), to first order, per query row and output element d:
 - score t is off by at most E_t = u * scale * sum_d |q_d| |k_td|;
 - weight w_t = softmax_t is then off by at most w_t (E_t + E_bar), E_bar = sum_t w_t E_t, and
@@ -30,8 +31,8 @@ def bf16_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         q: [Q, H, D] query rows; k, v: [L, KVH, D] float64 stored values (times their scales).
         scale: the softmax scale; positions: [Q] position of each query token (it attends keys
             0..position); u_out: unit roundoff of the output dtype.
-        exact_scores: the rounded query times the scale is exact (q in bf16, a power-of-two
-            scale): E_t = 0, only the probabilities' rounding is left.
+        exact_scores: the query is exact in bf16: E_t = 0, only the probabilities' rounding
+            is left.
     Returns:
         (ref, bound), both [Q, H, D] float64.
     """

@@ -1,9 +1,10 @@
 """The CPU attention engines, for tests that run once per engine.
 
 ENGINES lists every exact engine pagedllm can compile, best first (the float64-reference tests
-with the exact engines' error bound run on each); OPT_IN_ENGINES the ones "auto" never picks
-because they round the query and probabilities to bf16 (tested at their own bound in
-test_kernels_bf16_engine.py). use_engine(name) makes the kernel calls use it, or skips the test
+with the exact engines' error bound run on each); OPT_IN_ENGINES the ones "auto" picks only
+for decode of a bf16 query on an fp8 cache, because they round the query and probabilities to
+bf16 (tested at their own bound in test_kernels_bf16_engine.py; auto's choice in
+test_kernels_auto_engine.py). use_engine(name) makes the kernel calls use it, or skips the test
 with the reason it cannot run here (not compiled for this platform, or this CPU lacks its
 instructions); restore() goes back to the default choice.
 """

@@ -17,13 +17,17 @@ import random
 
 import pytest
 import torch
-
 from bf16_dot_reference import bf16_bound
 from cpu_engines import restore, use_engine
 from cross_kernel_reference import random_ranges
 from kernel_reference import FP8_TORCH, UNIT_ROUNDOFF, dequantize, make_paged_kv
-from sparse_kernel_reference import flatten_lists, random_lists, sparse_attention_ref, to_csr
 from pagedllm import _core, ops
+from sparse_kernel_reference import (
+    flatten_lists,
+    random_lists,
+    sparse_attention_ref,
+    to_csr,
+)
 
 ENGINE = "avx512_bf16"
 ROUNDED = ["bf16", "fp8_e4m3", "fp8_e5m2"]  # the storage types this engine's kernel reads
@@ -101,6 +105,21 @@ def test_exact_query_leaves_only_probability_rounding(kv_dtype):
     worst = check_decode(gen, [7, 64, 129, 700], 16, 4, 64, 16, kv_dtype, q=q, scale=0.125,
                          tight=True)
     assert worst > 0.0
+
+
+@pytest.mark.parametrize("kv_dtype", ROUNDED)
+def test_bf16_query_scores_are_exact_at_any_scale(kv_dtype):
+    """The query goes into the dot products unscaled (the scale and fp8 factors multiply the
+    fp32 scores), so a bf16 query keeps the tight bound at 1/sqrt(head_dim), split-K too. The
+    query is large (4 x randn: scores of order 10) so that rounding q * scale to bf16 would
+    break the tight bound (it did before the scale moved onto the scores)."""
+    gen = torch.Generator().manual_seed(6)
+    ks, vs = _scales(kv_dtype)
+    for act in (torch.float32, torch.bfloat16):
+        q = (4 * torch.randn((4, 32, 128), generator=gen)).to(torch.bfloat16).to(act)
+        worst = check_decode(gen, [5, 130, 1000, 4500], 32, 8, 128, 16, kv_dtype, act,
+                             k_scale=ks, v_scale=vs, q=q, tight=True)
+        assert worst > 0.0
 
 
 def test_long_context_split_across_threads():

@@ -34,8 +34,10 @@ namespace {
 constexpr int kMinPartition = 256;  // tokens: smaller partitions cost more to merge than save
 constexpr int kPrefillRows = 64;    // query rows (tokens x GQA group) per prefill task
 
-// The engine the calls dispatch to (null until the first call).
+// The engine the calls dispatch to (null until the first call), and whether it was chosen as
+// "auto" (not named by PAGEDLLM_CPU_ENGINE or set_cpu_engine).
 std::atomic<const EngineOps*> g_engine{nullptr};
+std::atomic<bool> g_auto{true};
 
 // The engine compiled under `name`, or null (unknown or not compiled in).
 const EngineOps* compiled_engine(const std::string& name) {
@@ -104,8 +106,42 @@ const EngineOps& engine() {
   const char* env = std::getenv("PAGEDLLM_CPU_ENGINE");
   const bool forced = env != nullptr && *env != '\0' && std::string(env) != "auto";
   e = forced ? &checked_engine(env, "PAGEDLLM_CPU_ENGINE") : &best_engine();
+  g_auto.store(!forced, std::memory_order_relaxed);
   g_engine.store(e, std::memory_order_release);
   return *e;
+}
+
+// The engine decode runs p on: engine(), except that under "auto" a bf16 query on an fp8 cache
+// takes the avx512_bf16 engine's dot products where the CPU has them. Such a query is exact in
+// bf16 and enters them unscaled; only the probabilities are rounded to bf16 for p.v, as a bf16
+// model's own attention rounds them (softmax in fp32, then cast to bf16). 1.4-1.6x faster at
+// 2 threads on Zen 4 (docs/BENCHMARKS.md); bf16 caches stay on the exact engine, where the
+// dot products gain nothing once memory-bound.
+const EngineOps& decode_engine(const AttentionParams& p) {
+  const EngineOps& e = engine();
+#ifdef PAGEDLLM_HAVE_AVX512_BF16_KERNELS
+  static const bool has_bf16_dot = cpu_runs("avx512_bf16");
+  if (has_bf16_dot && g_auto.load(std::memory_order_relaxed) &&
+      p.dtype == ScalarType::kBFloat16 && is_fp8(p.cache.dtype) &&
+      avx512_bf16_decodes(p.cache.dtype, p.cache.head_dim)) {
+    return avx512_bf16_engine();
+  }
+#else
+  (void)p;
+#endif
+  return e;
+}
+
+// Whether ops.attend applies AttendTask::q_mul itself on p's cache (the query then goes in
+// unscaled); otherwise the query rows are loaded scaled and q_mul stays 1.
+bool attend_scales(const EngineOps& ops, const AttentionParams& p) {
+#ifdef PAGEDLLM_HAVE_AVX512_BF16_KERNELS
+  return &ops == &avx512_bf16_engine() && avx512_bf16_decodes(p.cache.dtype, p.cache.head_dim);
+#else
+  (void)ops;
+  (void)p;
+  return false;
+#endif
 }
 
 // Partition length (tokens) for decode: the whole context unless that leaves threads idle.
@@ -122,7 +158,8 @@ int decode_partition_len(const AttentionParams& p, int max_len) {
 // Decode over every block (sv null) or the blocks of a SparseView; p is validated.
 void run_decode(const AttentionParams& p, const SparseView* sv) {
   if (p.num_seqs == 0) return;
-  const EngineOps& ops = engine();
+  const EngineOps& ops = decode_engine(p);
+  const bool in_engine = attend_scales(ops, p);  // q_mul applied by the engine, not load_query
   const int kvh_count = p.cache.num_kv_heads;
   const int group = p.num_heads / kvh_count;
   const int hd = p.cache.head_dim;
@@ -191,9 +228,10 @@ void run_decode(const AttentionParams& p, const SparseView* sv) {
     if (begin >= len && !(part == 0 && parts == 1)) return;  // empty partition
     AttentionScratch& s = thread_scratch();
     s.resize(group, hd);
-    load_query(p, seq, kvh * group, group, qmul, s.q.data());
+    load_query(p, seq, kvh * group, group, in_engine ? 1.0f : qmul, s.q.data());
     std::fill(s.limit.begin(), s.limit.end(), len);
     AttendTask t = make_task(p, seq, kvh, s.q.data(), group);
+    t.q_mul = in_engine ? qmul : 1.0f;
     if (sv) t.block_table = sv->table(sv->list(seq, kvh));
     t.row_limit = s.limit.data();
     t.token_begin = begin;
@@ -348,8 +386,10 @@ const EngineOps& current_engine() { return engine(); }
 std::string active_cpu_kernel() { return engine().name; }
 
 void set_cpu_engine(const std::string& name) {
-  g_engine.store(name == "auto" ? &best_engine() : &checked_engine(name, "set_cpu_engine"),
-                 std::memory_order_release);
+  const bool automatic = name == "auto";
+  const EngineOps* e = automatic ? &best_engine() : &checked_engine(name, "set_cpu_engine");
+  g_auto.store(automatic, std::memory_order_relaxed);
+  g_engine.store(e, std::memory_order_release);
 }
 
 std::vector<std::string> available_cpu_engines() {

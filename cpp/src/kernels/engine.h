@@ -37,10 +37,11 @@ struct AttendTask {
   int32_t block_size = 0;
   int32_t head_dim = 0;               // multiple of 8, <= 512
   CacheType cache_dtype = CacheType::kFloat32;
-  // prefill only (EngineOps::prefill): q is scaled by this inside the engine (attend: 1 only),
-  // so a bf16 query reaches the engine exact and unscaled; and whether the CPU has
-  // AVX512_BF16 dot products (then the avx512 engine's tile multiplies an exact bf16 query
-  // by a bf16 cache with vdpbf16ps).
+  // q is scaled by this inside the engine, so a bf16 query reaches it exact and unscaled:
+  // prefill (EngineOps::prefill) always; attend only in the avx512_bf16 engine on the caches
+  // avx512_bf16_decodes() names (its scores are multiplied by it), 1 everywhere else. And
+  // whether the CPU has AVX512_BF16 dot products (prefill: then the avx512 engine's tile
+  // multiplies an exact bf16 query by a bf16 cache with vdpbf16ps).
   float q_mul = 1.0f;
   bool bf16_dot = false;
 };
@@ -93,5 +94,9 @@ const EngineOps& avx512_engine();
 // The avx512 engine with bf16 dot-product decode for bf16 / fp8 K/V (engine_avx512_bf16.cpp):
 // needs AVX512_BF16 and AVX512_VBMI too; only when PAGEDLLM_HAVE_AVX512_BF16_KERNELS is defined.
 const EngineOps& avx512_bf16_engine();
+// Whether avx512_bf16_engine().attend runs its own bf16 dot-product kernel on this cache (bf16
+// or fp8, head_dim a multiple of 32 up to 512), which applies AttendTask::q_mul to the scores;
+// on other caches it runs the avx512 engine's attend (q_mul must then be 1).
+bool avx512_bf16_decodes(CacheType cache_dtype, int head_dim);
 
 }  // namespace pagedllm::kernels

@@ -8,8 +8,11 @@
 // standard-library code (no ODR hazard with the other compilations).
 //
 // Numerics (docs/ARCHITECTURE.md, "bf16 dot-product decode"):
-// - the query rows (softmax scale folded in) are rounded to bf16 once per task: each score
-//   gains an error of at most u * sum_d |q_d k_d|, u = 2^-8 the bf16 unit roundoff;
+// - the query rows are rounded to bf16 once per task, unscaled (the softmax scale and the fp8
+//   factors, AttendTask::q_mul, multiply the fp32 scores): exact for a bf16 query (a bf16
+//   model's, which is why "auto" decodes such queries on fp8 caches here: attention.cpp);
+//   an fp32 query's scores gain an error of at most u * sum_d |q_d k_d|, u = 2^-8 the bf16
+//   unit roundoff;
 // - the probabilities are rounded to bf16 for p.v and the running sum adds the rounded values,
 //   so the output weights still sum to 1 and each is within 2u of its exact value;
 // - the products are exact in fp32 and the sums fp32 (vdpbf16ps flushes fp32 denormals and
@@ -122,10 +125,10 @@ inline void permute_acc(float* row, int hd, bool in) {
 
 // ---- one register tile ---------------------------------------------------------------------
 
-// s[r][t] = q_r . k_t for the R bf16 query rows qb ([R, hd]) and t < n; prefetches the K rows
-// of the chunk ahead when `next` is set.
+// s[r][t] = mul * (q_r . k_t) for the R bf16 query rows qb ([R, hd]) and t < n; prefetches the
+// K rows of the chunk ahead when `next` is set.
 template <CacheType CT, int R>
-void tile_scores(const uint16_t* qb, int hd, const Chunk& c, int n, const Chunk* next,
+void tile_scores(const uint16_t* qb, int hd, float mul, const Chunk& c, int n, const Chunk* next,
                  float (*s)[kChunk]) {
   constexpr int TT = 16 / R;  // tokens per pass: R x TT <= 16 accumulators
   constexpr int es = cache_elem_size<CT>();
@@ -164,6 +167,7 @@ void tile_scores(const uint16_t* qb, int hd, const Chunk& c, int n, const Chunk*
     alignas(64) float sums[16];
     vsum8(acc, sums);
     vsum8(acc + 8, sums + 8);
+    _mm512_store_ps(sums, _mm512_mul_ps(_mm512_load_ps(sums), _mm512_set1_ps(mul)));
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < TT && t0 + j < n; ++j) s[r][t0 + j] = sums[r * TT + j];
   }
@@ -291,7 +295,7 @@ void attend_tile(const AttendTask& task, const uint16_t* qb, int row0, const Chu
   if (n == 0) return;
   alignas(64) float s[R][kChunk];
   alignas(64) uint16_t p[R][kChunk];
-  tile_scores<CT, R>(qb + row0 * hd, hd, c, n, next, s);
+  tile_scores<CT, R>(qb + row0 * hd, hd, task.q_mul, c, n, next, s);
   for (int r = 0; r < R; ++r) {
     if (first[r] >= visible[r]) {
       for (int t = 0; t < n + 1 && t < kChunk; ++t) p[r][t] = 0;
@@ -382,14 +386,16 @@ void attend_slice(const AttendTask& task) {
   for (int r = 0; r < task.num_rows; ++r) permute_acc<CT>(task.acc + r * hd, hd, false);
 }
 
-// The engine's attend: bf16 / fp8 K/V with head_dim % 32 == 0 here, in slices of kMaxRows
-// rows; everything else through the avx512 engine.
+bool decodes(CacheType cache_dtype, int head_dim) {
+  return (cache_dtype == CacheType::kBFloat16 || cache_dtype == CacheType::kFp8E4M3 ||
+          cache_dtype == CacheType::kFp8E5M2) &&
+         head_dim % 32 == 0 && head_dim <= kMaxHeadDim;
+}
+
+// The engine's attend: bf16 / fp8 K/V with head_dim % 32 == 0 here (scores times q_mul), in
+// slices of kMaxRows rows; everything else through the avx512 engine.
 void attend_task(const AttendTask& task) {
-  const bool ours = (task.cache_dtype == CacheType::kBFloat16 ||
-                     task.cache_dtype == CacheType::kFp8E4M3 ||
-                     task.cache_dtype == CacheType::kFp8E5M2) &&
-                    task.head_dim % 32 == 0 && task.head_dim <= kMaxHeadDim;
-  if (!ours) {
+  if (!decodes(task.cache_dtype, task.head_dim)) {
     avx512_engine().attend(task);
     return;
   }
@@ -413,6 +419,10 @@ void attend_task(const AttendTask& task) {
 
 }  // namespace
 }  // namespace avx512_bf16_engine_ns
+
+bool avx512_bf16_decodes(CacheType cache_dtype, int head_dim) {
+  return avx512_bf16_engine_ns::decodes(cache_dtype, head_dim);
+}
 
 const EngineOps& avx512_bf16_engine() {
   // The avx512 engine's entries (bounds scoring, and the same e4m3 read factor: 2^-8 here

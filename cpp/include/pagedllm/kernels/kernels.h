@@ -77,14 +77,15 @@ const char* cache_type_name(CacheType t);
 const char* scalar_type_name(ScalarType t);
 
 // The attention engine the calls dispatch to: "avx512", "avx2", "generic" or "avx512_bf16". By
-// default the best exact one compiled in that this CPU runs (never avx512_bf16, which rounds
-// the query and probabilities to bf16 for bf16 / fp8 K/V); the environment variable
-// PAGEDLLM_CPU_ENGINE (read at the first call) or set_cpu_engine() choose another.
+// default ("auto") the best exact one compiled in that this CPU runs; avx512_bf16, which rounds
+// the query and probabilities to bf16 for bf16 / fp8 K/V, only for decode of a bf16 query (exact
+// in bf16 already) on an fp8 cache, where the CPU runs it. The environment variable
+// PAGEDLLM_CPU_ENGINE (read at the first call) or set_cpu_engine() choose another, used as named.
 std::string active_cpu_kernel();
 
 // Makes the calls use engine `name` ("generic", "avx2", "avx512", "avx512_bf16"; "auto" = the
-// best exact one this CPU runs). Throws pagedllm::Error (invalid argument) for an unknown name, an engine not compiled
-// in, or one whose instructions this CPU lacks; the choice is then unchanged.
+// default above). Throws pagedllm::Error (invalid argument) for an unknown name, an engine not
+// compiled in, or one whose instructions this CPU lacks; the choice is then unchanged.
 void set_cpu_engine(const std::string& name);
 
 // The engines compiled in that this CPU runs: the exact ones best first (ending with
