@@ -1,7 +1,8 @@
 """Benchmark of the CPU paged-attention kernels against memory bandwidth and torch SDPA.
 
 Decode: batch x context grid, 32 query / 8 KV heads, head_dim 128, block 16, K/V in randomly
-permuted blocks, storage fp32 / bf16 / fp8 (e4m3). For each case, in interleaved rounds: the
+permuted blocks, storage fp32 / bf16 / fp8 (e4m3; with a bf16 query, as a bf16 model and vLLM's
+peer case have it, and again with a float32 one, "fp8_fp32q"). For each case, in interleaved rounds: the
 machine's read bandwidth (a 1 GiB float32 sum in C++ on all kernel threads, which also evicts
 the caches), the paged kernel (caches and probe on the pages the engine's KV pool gets:
 4 KiB ones, or 2 MiB with PAGEDLLM_HUGE_PAGES=1, model/huge_pages.py, and then vLLM's caches
@@ -49,8 +50,13 @@ from pagedllm.model import huge_pages
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 BIG_BLOCK = 128  # pagedllm is also timed at vLLM's CPU default block (longer contiguous runs)
-STORAGE = {"fp32": (torch.float32, "auto"), "bf16": (torch.bfloat16, "auto"),
-           "fp8": (torch.uint8, "fp8")}
+# storage: (cache tensor dtype, kv_cache_dtype, query dtype). fp8 is timed with a bf16 query (a
+# bf16 model's, and what vLLM's peer case uses: "auto" then decodes with bf16 dot products where
+# the CPU has them) and again with a float32 one (an fp32 model's: the exact engine).
+STORAGE = {"fp32": (torch.float32, "auto", torch.float32),
+           "bf16": (torch.bfloat16, "auto", torch.bfloat16),
+           "fp8": (torch.uint8, "fp8", torch.bfloat16),
+           "fp8_fp32q": (torch.uint8, "fp8", torch.float32)}
 MAX_TOKENS = 65536  # batch * context cap: keeps fp32 K/V + its contiguous copy near 1 GiB
 ENGINE_CASES = [(16, 2048), (1, 8192)]  # batch x context of the bandwidth targets
 TARGET_FRAC = 0.8  # of the read bandwidth (fp8: 0.6)
@@ -131,7 +137,7 @@ def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator,
                      block: int = BLOCK, sdpa: bool = True):
     """Paged caches of `block`-token blocks (permuted), tables, query, and (when `sdpa`) the
     contiguous copy SDPA reads."""
-    dtype, kv_cache_dtype = STORAGE[storage]
+    dtype, kv_cache_dtype, act = STORAGE[storage]
     blocks = batch * ctx // block
     if dtype == torch.uint8:  # fp8 bytes of N(0, 1) values (k_scale = v_scale = 1)
         kc = torch.randn((blocks, KV_HEADS, block, HEAD_DIM), generator=gen)
@@ -144,7 +150,6 @@ def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator,
     kc, vc = on_pool_pages(kc), on_pool_pages(vc)
     tables = torch.randperm(blocks, generator=gen).to(torch.int32).reshape(batch, ctx // block)
     lens = torch.full((batch,), ctx, dtype=torch.int32)
-    act = torch.float32 if dtype == torch.uint8 else dtype
     q = torch.randn((batch, HEADS, HEAD_DIM), generator=gen).to(act)
 
     def contiguous(cache):  # [B, KVH, L, D] in SDPA's dtype (fp8 -> bf16)
@@ -162,6 +167,21 @@ def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator,
     return case
 
 
+def decode_kernel(storage: str) -> str:
+    """The engine "auto" decodes this storage case on: the one in use, except a bf16 query on
+    fp8, which takes avx512_bf16 where this CPU runs it (attention.cpp, decode_engine)."""
+    auto = os.environ.get("PAGEDLLM_CPU_ENGINE", "auto") in ("", "auto")
+    bf16_on_fp8 = STORAGE[storage][0] == torch.uint8 and STORAGE[storage][2] == torch.bfloat16
+    if auto and bf16_on_fp8 and "avx512_bf16" in _core.cpu_engines():
+        return "avx512_bf16"
+    return _core.cpu_kernel()
+
+
+def peer_storage(storage: str) -> str:
+    """The peer's name for a storage case: its fp8 case (always a bf16 query) for both of ours."""
+    return "fp8" if storage.startswith("fp8") else storage
+
+
 def paired_frac(kv_bytes: int, times: list, probes: list) -> float:
     """Median over rounds of (K/V bytes / kernel time) / (the read bandwidth probed just before
     that kernel run): each round's fraction uses its own probe, so the machine's bandwidth
@@ -177,7 +197,8 @@ def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen, peer=None) -> 
     if peer is not None:
         for block in VLLM_BLOCKS:
             try:  # e.g. vLLM has no fp8 path at block 16 ("Unsupported CPU attention ...")
-                vllm[block] = dict(peer.case(f"b{block}", batch, ctx, storage, block), s=[])
+                vllm[block] = dict(peer.case(f"b{block}", batch, ctx, peer_storage(storage),
+                                             block), s=[])
             except RuntimeError as e:
                 vllm_errors[str(block)] = str(e).split(" (log:")[0]
     scale = 1.0 / math.sqrt(HEAD_DIM)
@@ -223,7 +244,8 @@ def bench_decode(batch, ctx, storage, bw: Bandwidth, rounds, gen, peer=None) -> 
             best_speedup_vs_vllm=min(v["s"]) / t,
             speedup_vs_vllm_big_block=statistics.median(tv / tp for tv, tp in zip(v["s"],
                                                                                    ts_big)))
-    return dict(**peer_out, batch=batch, context=ctx, storage=storage, kernel=_core.cpu_kernel(),
+    return dict(**peer_out, batch=batch, context=ctx, storage=storage,
+                query_dtype=str(STORAGE[storage][2]), kernel=decode_kernel(storage),
                 kernel_ms=statistics.median(ts) * 1e3, sdpa_ms=statistics.median(ts_sdpa) * 1e3,
                 sdpa_dtype=str(c["k_sdpa"].dtype), kv_bytes=kv,
                 kv_gbps=kv / statistics.median(ts) / 1e9,
@@ -258,7 +280,7 @@ def bench_engines(batch, ctx, storage, engines, bw: Bandwidth, rounds, gen) -> l
                 ts[e].append(timed(kernel))
     finally:
         _core.set_cpu_engine("auto")
-    target = 0.6 if storage == "fp8" else TARGET_FRAC
+    target = 0.6 if storage.startswith("fp8") else TARGET_FRAC
     out = []
     bandwidth = max(max(b) for b in bws.values())  # the case's best probe, all engines' rounds
     kv = c["kv_bytes"]
@@ -280,13 +302,13 @@ def run_engines(bw: Bandwidth, rounds: int, gen) -> list:
     engines = _core.cpu_engines()
     print(f"engines {engines}: fraction of the read bandwidth (target 0.8, fp8 0.6), median of "
           f"{rounds} rounds, each paired with its own bandwidth probe")
-    print(f"{'storage':>7} {'case':>9} " + " ".join(f"{e:>14}" for e in engines))
+    print(f"{'storage':>9} {'case':>9} " + " ".join(f"{e:>14}" for e in engines))
     rows = []
     for storage in STORAGE:
         for batch, ctx in ENGINE_CASES:
             res = bench_engines(batch, ctx, storage, engines, bw, rounds, gen)
             rows += res
-            print(f"{storage:>7} {batch:>3}x{ctx:<5} " + " ".join(
+            print(f"{storage:>9} {batch:>3}x{ctx:<5} " + " ".join(
                 f"{r['frac_of_bw']:5.2f} ({r['kernel_ms']:5.1f}ms)" for r in res), flush=True)
     return rows
 
@@ -379,7 +401,7 @@ def main() -> None:
         return
     decode = []
     peer, args.peer = start_peer(args.no_peer)
-    print(f"{'storage':>7} {'batch':>5} {'ctx':>5} {'ms':>8} {'KV GB/s':>8} {'bw GB/s':>8} "
+    print(f"{'storage':>9} {'batch':>5} {'ctx':>5} {'ms':>8} {'KV GB/s':>8} {'bw GB/s':>8} "
           f"{'%bw':>5} {'sdpa ms':>8} {'vs sdpa':>7} {'vllm %bw':>8} {'vs vllm':>7}"
           f" | block {BIG_BLOCK}: {'%bw':>4} {'vs vllm':>7}")
     try:
@@ -391,7 +413,7 @@ def main() -> None:
                       if "speedup_vs_vllm" in r else f"{'-':>8} {'-':>7}")
                 vb = (f"{r['speedup_vs_vllm_big_block']:6.2f}x"
                       if "speedup_vs_vllm_big_block" in r else f"{'-':>7}")
-                print(f"{storage:>7} {batch:>5} {ctx:>5} {r['kernel_ms']:8.2f} "
+                print(f"{storage:>9} {batch:>5} {ctx:>5} {r['kernel_ms']:8.2f} "
                       f"{r['kv_gbps']:8.2f} {r['read_bw_gbps']:8.2f} "
                       f"{100 * r['frac_of_bw']:4.0f}% {r['sdpa_ms']:8.2f} "
                       f"{r['speedup_vs_sdpa']:6.2f}x {vl} | {'':>10}"

@@ -1,0 +1,59 @@
+"""bench_attention's decode cases: each storage case builds the caches and the query it names
+and the kernel decodes them as a model of that dtype would (fp8 with a bf16 query goes to the
+bf16 dot products where the CPU has them, like vLLM's peer case; fp8_fp32q stays exact). No
+timing is asserted."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks import bench_attention as ba  # noqa: E402
+from cpu_engines import restore  # noqa: E402
+from pagedllm import _core  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def auto_engine(monkeypatch):
+    monkeypatch.delenv("PAGEDLLM_CPU_ENGINE", raising=False)
+    _core.set_cpu_engine("auto")
+    yield
+    restore()
+
+
+@pytest.mark.parametrize("storage", list(ba.STORAGE))
+@pytest.mark.parametrize("block", [ba.BLOCK, ba.BIG_BLOCK])
+def test_case_decodes_like_the_engine_it_names(storage, block):
+    gen = torch.Generator().manual_seed(1)
+    c = ba.make_decode_case(2, 256, storage, gen, block, sdpa=block == ba.BLOCK)
+    cache_dtype, kv_cache_dtype, act = ba.STORAGE[storage]
+    assert c["q"].dtype == act and c["kc"].dtype == cache_dtype
+    assert c["kv_bytes"] == 2 * 2 * 256 * ba.KV_HEADS * ba.HEAD_DIM * c["kc"].element_size()
+    scale = 1.0 / math.sqrt(ba.HEAD_DIM)
+
+    def decode(engine):
+        _core.set_cpu_engine(engine)
+        out = torch.full_like(c["q"], float("nan"))
+        _core.paged_attention_decode(out, c["q"], c["kc"], c["vc"], c["tables"], c["lens"],
+                                     scale, kv_cache_dtype)
+        return out
+
+    named = ba.decode_kernel(storage)
+    assert named in _core.cpu_engines()
+    assert torch.equal(decode("auto"), decode(named))
+    if block == ba.BLOCK:  # SDPA's copy holds the same values (fp8 as bf16)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            c["q_sdpa"].float(), c["k_sdpa"].float(), c["v_sdpa"].float(), scale=scale,
+            enable_gqa=True).reshape(c["q"].shape)
+        assert torch.allclose(decode("auto").float(), ref, atol=3e-2, rtol=3e-2)
+
+
+def test_peer_gets_its_fp8_case_for_both_fp8_queries():
+    assert ba.peer_storage("fp8") == ba.peer_storage("fp8_fp32q") == "fp8"
+    assert ba.peer_storage("bf16") == "bf16"
