@@ -76,6 +76,18 @@ def test_reduced_activations(kernel, act):
     run_prefill(gen, lens, q_lens, 16, 2, 128, 16, "bf16", act)
 
 
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("head_dim", [40, 64, 128])
+def test_bf16_query_on_fp8_cache(kernel, kv_dtype, head_dim):
+    """A bf16 query on an fp8 cache: with AVX512_BF16 the avx512 tile converts each key tile to
+    bf16 (exactly) and scores by vdpbf16ps, still at the exact engines' bound; head_dim 40
+    takes the 8-element tail of that conversion."""
+    gen = torch.Generator().manual_seed(head_dim + len(kv_dtype))
+    lens, q_lens = split(WHOLE[6:] + CHUNKED)
+    run_prefill(gen, lens, q_lens, 16, 4, head_dim, 16, kv_dtype, torch.bfloat16,
+                k_scale=0.6, v_scale=1.7)
+
+
 def test_strided_query_and_output_long_context(kernel):
     """A fused-qkv query slice, an output slice, a pool of layers, and a context of 3000."""
     gen = torch.Generator().manual_seed(6)

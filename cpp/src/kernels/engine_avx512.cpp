@@ -179,6 +179,17 @@ __attribute__((target("avx512bf16"))) void bf16_scores_pass16(const uint32_t* q2
   const V m = _mm512_set1_ps(mul);
   for (int t = 0; t < 16; ++t) _mm512_storeu_ps(pt + t * 16, _mm512_mul_ps(acc[t], m));
 }
+// The 16 (vstore_bf16) or low 8 (vstore8_bf16) floats of x as bf16 by truncation: exact for
+// values that bf16 holds (the prefill tile's fp8 keys, whose 3 or 2 mantissa bits it keeps).
+inline void vstore_bf16(uint16_t* dst, V x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
+}
+inline void vstore8_bf16(uint16_t* dst, V x) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                   _mm256_cvtepi32_epi16(_mm256_srli_epi32(
+                       _mm256_castps_si256(_mm512_castps512_ps256(x)), 16)));
+}
 #define PAGEDLLM_ENGINE_BF16_DOT 1  // engine_prefill_impl.h: use bf16_scores_pass16
 
 }  // namespace

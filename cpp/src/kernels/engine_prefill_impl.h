@@ -23,9 +23,11 @@
 //   softmax per lane: m' = max(m, max_t S[t]), p_t = exp(S[t] - m'), l = l e^(m - m') + sum p
 //   values  acc_r += sum_t p_t[r] vf[t]   broadcast p, R rows x CC value vectors per pass
 // Tasks of fewer than kMinTileRows rows run attend_task instead. The query arrives unscaled
-// (AttendTask::q_mul); with a bf16 cache, an exact bf16 query and AVX512_BF16 (the avx512
-// engine defines PAGEDLLM_ENGINE_BF16_DOT and bf16_scores_pass16), qt and kf hold raw bf16
-// pairs and the scores are vdpbf16ps dot products (twice the multiply-adds per instruction).
+// (AttendTask::q_mul); with a bf16 or fp8 cache, an exact bf16 query and AVX512_BF16 (the
+// avx512 engine defines PAGEDLLM_ENGINE_BF16_DOT, bf16_scores_pass16 and vstore_bf16 /
+// vstore8_bf16), qt and kf hold bf16 pairs (fp8 keys converted exactly: bf16 holds every fp8
+// value, times the e4m3 read factor) and the scores are vdpbf16ps dot products, exact
+// products summed in fp32 (twice the multiply-adds per instruction).
 
 namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS {
 namespace {
@@ -129,11 +131,19 @@ inline void pack_query_pairs(const float* q, int rows, int hd, int rows_pad, uin
   }
 }
 
-// The tile's key rows as raw bf16 pairs, kStageStride words apart (zero rows up to the next
-// multiple of kAcc, as stage_tile).
+// The tile's key rows as bf16 pairs, kStageStride words apart (zero rows up to the next
+// multiple of kAcc, as stage_tile): bf16 rows copied, fp8 rows converted (exactly).
+template <CacheType CT>
 inline void stage_bf16_keys(const Chunk& c, int hd, uint32_t* kf2) {
   for (int t = 0; t < c.n; ++t) {
-    __builtin_memcpy(kf2 + t * kStageStride, c.k[t], static_cast<unsigned long>(hd) * 2);
+    if constexpr (CT == CacheType::kBFloat16) {
+      __builtin_memcpy(kf2 + t * kStageStride, c.k[t], static_cast<unsigned long>(hd) * 2);
+    } else {
+      auto* dst = reinterpret_cast<uint16_t*>(kf2 + t * kStageStride);
+      int d = 0;
+      for (; d + kW <= hd; d += kW) vstore_bf16(dst + d, vload_cache<CT>(c.k[t] + d));
+      for (; d < hd; d += 8) vstore8_bf16(dst + d, vload_cache8<CT>(c.k[t] + d));
+    }
   }
   for (int t = c.n; t < round_up(c.n, kAcc); ++t) {
     for (int d2 = 0; d2 < hd / 2; ++d2) kf2[t * kStageStride + d2] = 0;
@@ -310,7 +320,9 @@ void prefill_typed(const AttendTask& task, float* work) {
   PrefillWork w;
   carve(work, rows, hd, &w);
 #ifdef PAGEDLLM_ENGINE_BF16_DOT
-  const bool dot = CT == CacheType::kBFloat16 && task.bf16_dot && query_is_bf16(task.q, rows, hd);
+  constexpr bool bf16_keys = CT == CacheType::kBFloat16 || CT == CacheType::kFp8E4M3 ||
+                             CT == CacheType::kFp8E5M2;
+  const bool dot = bf16_keys && task.bf16_dot && query_is_bf16(task.q, rows, hd);
   if (dot) {
     pack_query_pairs(task.q, rows, hd, w.rows_pad, reinterpret_cast<uint32_t*>(w.qt));
   } else {
@@ -339,7 +351,7 @@ void prefill_typed(const AttendTask& task, float* work) {
     }
     stage_tile<CT>(c, hd, dot, w);
 #ifdef PAGEDLLM_ENGINE_BF16_DOT
-    if (dot) stage_bf16_keys(c, hd, reinterpret_cast<uint32_t*>(w.kf));
+    if (dot) stage_bf16_keys<CT>(c, hd, reinterpret_cast<uint32_t*>(w.kf));
 #endif
     for (int r0 = 0; r0 < rows; r0 += kW) {
       const int real = imin(kW, rows - r0);
