@@ -209,7 +209,7 @@ void check_decode(Cache& c, const std::string& what) {
 }  // namespace
 
 TEST_P(EngineStorage, DecodeHeadDimTailsAndGroups) {
-  for (int hd : {8, 24, 40, 128, 136, 264}) {
+  for (int hd : {8, 16, 24, 32, 40, 128, 136, 264}) {
     for (auto [heads, kvh] : {std::pair{8, 1}, std::pair{6, 2}, std::pair{16, 2}, std::pair{2, 2}}) {
       Cache c(ct(), kvh, heads, hd, 16, {1, 15, 17, 40});
       check_decode(c, "hd " + std::to_string(hd) + " group " + std::to_string(heads / kvh));

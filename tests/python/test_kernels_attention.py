@@ -156,6 +156,26 @@ def test_edge_sizes(kernel, block_size, head_dim):
     run_prefill(gen, lens, q_lens, 4, 2, head_dim, block_size, "auto", torch.float32)
 
 
+@pytest.mark.parametrize("head_dim", [16, 32])
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("heads,kvh", [(8, 2), (8, 8), (16, 2), (4, 1)])
+def test_small_heads(kernel, head_dim, kv_dtype, heads, kvh):
+    """head_dim 16 and 32 (the "tiny" preset's: one or two vectors per row, for 16 lanes); GQA
+    groups 1, 4, 8 (register tiles of 1, 4 and 8 rows), contexts ending inside a 16-token
+    stretch, block sizes 16 and 3, split-K, and the row-major prefill of small tasks."""
+    gen = torch.Generator().manual_seed(head_dim * 7 + heads + kvh)
+    fp8 = kv_dtype.startswith("fp8")
+    ks, vs = (0.6, 1.7) if fp8 else (1.0, 1.0)
+    lens = [1, 7, 16, 17, 33, 130, 2100]
+    run_decode(gen, lens, heads, kvh, head_dim, 16, kv_dtype, torch.float32, k_scale=ks,
+               v_scale=vs)
+    run_decode(gen, lens[:5], heads, kvh, head_dim, 3, kv_dtype, torch.bfloat16, k_scale=ks,
+               v_scale=vs)
+    q_lens = [1, 2, 3, 1, 5, 2, 1]  # a few rows per task: attend_task, not the prefill tile
+    run_prefill(gen, lens, q_lens, heads, kvh, head_dim, 16, kv_dtype, torch.float32,
+                k_scale=ks, v_scale=vs)
+
+
 @pytest.mark.parametrize("head_dim", [8, 24, 40, 72, 136, 200, 264, 512])
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"])
 def test_head_dim_tails(kernel, head_dim, kv_dtype):
