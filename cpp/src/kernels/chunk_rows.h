@@ -23,11 +23,17 @@ constexpr int cache_elem_size() {
                                                                       : 1;
 }
 
-// Tokens per chunk: 128 bytes of each head_dim element per chunk whatever the type (32 fp32
-// tokens, 64 half, 128 fp8), so a chunk's prefetch covers about the same memory time.
+// Tokens per chunk: 128 bytes of each head_dim element (32 fp32 tokens, 64 half, 128 fp8), or
+// more for heads under 128 elements: 16 KiB of K rows (and as much of V), up to kChunk tokens
+// (head_dim 32: 128 of any type). A chunk's prefetch then covers about the same memory time,
+// and small heads do not pay the per-chunk work (online softmax and rescale per row, prefetch
+// bookkeeping) every 32 tokens: at head_dim 32 in fp32 that made the decode kernel about 1.2x
+// faster (docs/BENCHMARKS.md).
 template <CacheType CT>
-constexpr int chunk_tokens() {
-  return 128 / cache_elem_size<CT>();
+inline int chunk_tokens(int head_dim) {
+  const int base = 128 / cache_elem_size<CT>();
+  const int tokens = ((16384 / cache_elem_size<CT>()) / head_dim) & ~15;
+  return tokens <= base ? base : tokens > kChunk ? kChunk : tokens;
 }
 
 // Row addresses of the tokens of one chunk.

@@ -260,7 +260,7 @@ void attend_typed(const AttendTask& task) {
   int first_limit = 0;  // the furthest token the first register tile reads
   for (int r = 0; r < imin(kTile, task.num_rows); ++r)
     first_limit = imax(first_limit, task.row_limit[r]);
-  constexpr int kTokens = chunk_tokens<CT>();
+  const int kTokens = chunk_tokens<CT>(task.head_dim);
   constexpr int kRing = kAhead + 1;
   Chunk chunks[kRing];
   int pos = task.token_begin;  // the first token not yet gathered
