@@ -1,12 +1,13 @@
 // engine.h (internal) — the attention inner loop, compiled once per instruction set.
 //
-// An AttendTask is a set of float32 query rows (already scaled) that share one KV head of one
-// sequence, each with its own causal limit, attended over a token range of that sequence's
-// paged K/V with an online softmax; a row may also have a first visible position (row_start,
-// cross-attention's key ranges). The state (running max, running sum, unnormalised output
-// row) lives in caller memory, so a task can be one partition of a long sequence (split-K) and
-// the caller merges the partitions. The engine reads only tokens below max(row_limit) within
-// [token_begin, token_end): never cache memory past a sequence's context.
+// An AttendTask is a set of float32 query rows (scaled, or scaled inside the engine by q_mul)
+// that share one KV head of one sequence, each with its own causal limit, attended over a
+// token range of that sequence's paged K/V with an online softmax; a row may also have a
+// first visible position (row_start, cross-attention's key ranges). The state (running max,
+// running sum, unnormalised output row) lives in caller memory, so a task can be one partition
+// of a long sequence (split-K) and the caller merges the partitions. The engine reads only
+// tokens below max(row_limit) within [token_begin, token_end): never cache memory past a
+// sequence's context.
 // Plain data and function pointers only (included by ISA-specific translation units).
 // Thread-safety: tasks writing disjoint state may run concurrently.
 #pragma once
@@ -18,8 +19,8 @@
 namespace pagedllm::kernels {
 
 struct AttendTask {
-  const float* q = nullptr;           // [num_rows, head_dim] float32, scale folded in (prefill:
-                                      // times q_mul, below)
+  const float* q = nullptr;           // [num_rows, head_dim] float32, scale folded in, or
+                                      // times q_mul where the engine applies it (below)
   const int32_t* row_limit = nullptr; // [num_rows]: row r sees token positions < row_limit[r]
   const int32_t* row_start = nullptr; // [num_rows] or null: row r sees positions >= row_start[r]
                                       // (null: no lower bound); start >= limit: sees nothing
