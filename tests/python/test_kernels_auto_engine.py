@@ -16,8 +16,8 @@ import torch
 from bf16_dot_reference import bf16_bound
 from cpu_engines import restore
 from kernel_reference import UNIT_ROUNDOFF, attention_ref, make_paged_kv
-from test_kernels_attention import assert_close
 from pagedllm import _core
+from test_kernels_attention import assert_close
 
 HAS_BF16_DOT = "avx512_bf16" in _core.cpu_engines()
 LENS = [1, 17, 300, 2100]  # 2100 at batch 4: split-K partitions on 2+ threads
