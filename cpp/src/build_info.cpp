@@ -22,7 +22,7 @@ uint64_t os_saved_states(bool osxsave) {
 
 // Reads the features from CPUID, each gated on the OS saving the registers it needs (XGETBV):
 // ymm state (XCR0 bits 1-2) for AVX2/FMA/F16C, plus opmask and zmm state (bits 5-7) for
-// AVX-512.
+// AVX-512, and the tile state (bits 17-18) for AMX.
 CpuFeatures detect() {
   CpuFeatures f;
 #if defined(__x86_64__) || defined(__i386__)
@@ -41,6 +41,8 @@ CpuFeatures detect() {
   f.avx512bw = zmm && ((b >> 30) & 1u);
   f.avx512vl = zmm && ((b >> 31) & 1u);
   f.avx512vbmi = zmm && ((c >> 1) & 1u);
+  const bool tiles = (xcr0 & 0x60000) == 0x60000;  // XTILECFG and XTILEDATA state
+  f.amx_bf16 = tiles && ((d >> 22) & 1u) && ((d >> 24) & 1u);
   __cpuid_count(7, 1, a, b, c, d);
   f.avx512bf16 = zmm && ((a >> 5) & 1u);
 #endif

@@ -45,6 +45,7 @@ void bind_build_info(py::module_& m) {
         if (f.avx512vl) cpu.append("avx512vl");
         if (f.avx512dq) cpu.append("avx512dq");
         if (f.avx512bf16) cpu.append("avx512bf16");
+        if (f.amx_bf16) cpu.append("amx_bf16");
         if (f.avx512vbmi) cpu.append("avx512vbmi");
         d["cpu_features"] = cpu;
         d["block_store_backends"] = compiled_block_store_backends();

@@ -148,6 +148,7 @@ void bind_kernels(py::module_& m) {
   m.def("force_generic_kernels", &k::force_generic_kernels, py::arg("on"),
         "Forces the portable attention kernel (True) or the best one for this CPU (False).");
   bind_fused_kernels(m);  // bind_fused.cpp: rms_norm, fused_add_rms_norm, silu_and_mul, RoPE
+  bind_linear_kernels(m);  // bind_linear.cpp: packed linear layers
 }
 
 }  // namespace pagedllm::python

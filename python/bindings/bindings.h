@@ -13,6 +13,7 @@ void bind_kernels(pybind11::module_& m);  // bind_kernels.cpp, when the CPU kern
 void bind_sparse_kernels(pybind11::module_& m);  // bind_sparse.cpp, with bind_kernels
 void bind_cross_kernels(pybind11::module_& m);   // bind_cross.cpp, with bind_kernels
 void bind_fused_kernels(pybind11::module_& m);   // bind_fused.cpp, from bind_kernels
+void bind_linear_kernels(pybind11::module_& m);  // bind_linear.cpp, from bind_kernels
 void bind_cuda(pybind11::module_& m);     // bind_cuda.cpp: submodule `cuda`, when CUDA is built
 
 }  // namespace pagedllm::python

@@ -18,6 +18,7 @@ struct CpuFeatures {
   bool avx512dq = false;
   bool avx512bf16 = false;
   bool avx512vbmi = false;
+  bool amx_bf16 = false;  // AMX tiles with bf16 (oneDNN's bf16 GEMMs use them: linear.h)
 };
 
 // Features of the CPU this process runs on, each only if the OS also saves the registers it

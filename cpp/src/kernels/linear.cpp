@@ -1,0 +1,192 @@
+// linear.h's entry points: validation, the weight packing, the portable tiles, the choice of
+// tile loops (the CPU engine the attention kernels use, as fused_ops.h does) and the split of
+// rows x panels over the kernel thread pool.
+#include "pagedllm/kernels/linear.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine.h"
+#include "linear_impl.h"
+#include "pagedllm/build_info.h"
+#include "pagedllm/error.h"
+#include "pagedllm/kernels/convert.h"
+#include "pagedllm/kernels/thread_pool.h"
+
+namespace pagedllm::kernels {
+namespace {
+
+// Rows of one parallel work item (8 register tiles): x's rows stay in L1/L2 while the item
+// walks its panels.
+constexpr int kBlockRows = 8 * kLinearTileRows;
+// Multiply-adds below which a call runs on the calling thread alone (no pool round trip).
+constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
+
+void check_dtype(ScalarType dtype, const char* what) {
+  PAGEDLLM_CHECK_ARG(dtype == ScalarType::kFloat32 || dtype == ScalarType::kBFloat16,
+                     what << ": dtype must be float32 or bfloat16");
+}
+
+void check_features(const char* what, int64_t out_features, int64_t in_features) {
+  PAGEDLLM_CHECK_ARG(out_features >= 1 && in_features >= 1,
+                     what << ": out_features and in_features must be >= 1, got [" << out_features
+                          << ", " << in_features << "]");
+  PAGEDLLM_CHECK_ARG(out_features < (int64_t{1} << 31) && in_features < (int64_t{1} << 31),
+                     what << ": out_features and in_features must be < 2^31, got ["
+                          << out_features << ", " << in_features << "]");
+}
+
+void validate(const LinearParams& p) {
+  check_dtype(p.dtype, "linear");
+  check_features("linear", p.out_features, p.in_features);
+  PAGEDLLM_CHECK_ARG(p.rows >= 0, "linear: rows must be >= 0, got " << p.rows);
+  if (p.rows == 0) return;
+  PAGEDLLM_CHECK_ARG(p.x && p.packed && p.y, "linear: x, packed and y must not be null");
+  PAGEDLLM_CHECK_ARG(p.rows == 1 || p.x_row_stride >= p.in_features,
+                     "linear: x row stride " << p.x_row_stride << " must be >= in_features "
+                                             << p.in_features);
+  PAGEDLLM_CHECK_ARG(p.rows == 1 || p.y_row_stride >= p.out_features,
+                     "linear: y row stride " << p.y_row_stride << " must be >= out_features "
+                                             << p.out_features);
+}
+
+// ---- portable tiles -------------------------------------------------------------------------
+
+inline float load_x(const LinearParams& p, int64_t r, int64_t k) {
+  return p.dtype == ScalarType::kFloat32
+             ? static_cast<const float*>(p.x)[r * p.x_row_stride + k]
+             : bf16_to_float(static_cast<const uint16_t*>(p.x)[r * p.x_row_stride + k]);
+}
+
+// One output row of one panel, in the vector kernels' order: float32 one product per k,
+// bfloat16 the pair (2 kp, 2 kp + 1) per step, each product exact in float32.
+void generic_panel_row(const LinearParams& p, int64_t r, int64_t panel, float acc[kLinearPanel]) {
+  const int64_t depth = packed_depth(p.dtype, p.in_features);
+  for (int c = 0; c < kLinearPanel; ++c) acc[c] = 0.0f;
+  if (p.dtype == ScalarType::kFloat32) {
+    const float* w = static_cast<const float*>(p.packed) + panel * depth * kLinearPanel;
+    for (int64_t k = 0; k < depth; ++k) {
+      const float xv = load_x(p, r, k);
+      for (int c = 0; c < kLinearPanel; ++c) acc[c] += xv * w[k * kLinearPanel + c];
+    }
+    return;
+  }
+  const uint16_t* w = static_cast<const uint16_t*>(p.packed) + panel * depth * kLinearPanel * 2;
+  for (int64_t kp = 0; kp < depth; ++kp) {
+    const float x0 = load_x(p, r, 2 * kp);
+    const float x1 = 2 * kp + 1 < p.in_features ? load_x(p, r, 2 * kp + 1) : 0.0f;
+    for (int c = 0; c < kLinearPanel; ++c) {
+      acc[c] += x0 * bf16_to_float(w[(kp * kLinearPanel + c) * 2]);
+      acc[c] += x1 * bf16_to_float(w[(kp * kLinearPanel + c) * 2 + 1]);
+    }
+  }
+}
+
+void linear_block_generic(const LinearParams& p, int64_t row0, int rows, int64_t panel0,
+                          int panels) {
+  for (int64_t r = row0; r < row0 + rows; ++r) {
+    for (int64_t panel = panel0; panel < panel0 + panels; ++panel) {
+      float acc[kLinearPanel];
+      generic_panel_row(p, r, panel, acc);
+      const int64_t n0 = panel * kLinearPanel;
+      const int cols = static_cast<int>(std::min<int64_t>(kLinearPanel, p.out_features - n0));
+      for (int c = 0; c < cols; ++c) {
+        float v = acc[c];
+        if (p.bias) v += load_scalar(p.bias, p.dtype, n0 + c);
+        store_scalar(p.y, p.dtype, r * p.y_row_stride + n0 + c, v);
+      }
+    }
+  }
+}
+
+struct Choice {
+  LinearBlockFn fn;
+  const char* name;
+};
+
+Choice choose(ScalarType dtype) {
+  const char* engine = current_engine().name;
+  const bool avx512 = std::strcmp(engine, "avx512") == 0 || std::strcmp(engine, "avx512_bf16") == 0;
+  (void)avx512;
+#ifdef PAGEDLLM_HAVE_AVX512_KERNELS
+  if (avx512 && dtype == ScalarType::kFloat32) return {&linear_block_avx512_f32, "avx512"};
+#endif
+#ifdef PAGEDLLM_HAVE_AVX512_BF16_KERNELS
+  if (avx512 && dtype == ScalarType::kBFloat16 && cpu_features().avx512bf16) {
+    return {&linear_block_avx512_bf16, "avx512_bf16"};
+  }
+#endif
+  (void)dtype;
+  return {&linear_block_generic, "generic"};
+}
+
+}  // namespace
+
+int64_t packed_linear_elements(ScalarType dtype, int64_t out_features, int64_t in_features) {
+  check_dtype(dtype, "packed_linear_elements");
+  check_features("packed_linear_elements", out_features, in_features);
+  const int64_t panels = (out_features + kLinearPanel - 1) / kLinearPanel;
+  return panels * packed_panel_elements(dtype, in_features);
+}
+
+void pack_linear_weight(const PackLinearParams& p) {
+  check_dtype(p.dtype, "pack_linear_weight");
+  check_features("pack_linear_weight", p.out_features, p.in_features);
+  PAGEDLLM_CHECK_ARG(p.weight && p.packed, "pack_linear_weight: weight and packed must not be null");
+  PAGEDLLM_CHECK_ARG(p.out_features == 1 || p.weight_row_stride >= p.in_features,
+                     "pack_linear_weight: weight row stride " << p.weight_row_stride
+                                                              << " must be >= in_features "
+                                                              << p.in_features);
+  const int64_t panels = (p.out_features + kLinearPanel - 1) / kLinearPanel;
+  const int64_t depth = packed_depth(p.dtype, p.in_features);
+  const int64_t per_panel = packed_panel_elements(p.dtype, p.in_features);
+  const int pair = p.dtype == ScalarType::kBFloat16 ? 2 : 1;
+  parallel_for(panels, [&](int64_t panel, int) {
+    for (int64_t d = 0; d < depth; ++d) {
+      for (int c = 0; c < kLinearPanel; ++c) {
+        const int64_t n = panel * kLinearPanel + c;
+        for (int j = 0; j < pair; ++j) {
+          const int64_t k = d * pair + j;
+          const int64_t dst = panel * per_panel + (d * kLinearPanel + c) * pair + j;
+          const bool inside = n < p.out_features && k < p.in_features;
+          if (p.dtype == ScalarType::kFloat32) {
+            static_cast<float*>(p.packed)[dst] =
+                inside ? static_cast<const float*>(p.weight)[n * p.weight_row_stride + k] : 0.0f;
+          } else {
+            static_cast<uint16_t*>(p.packed)[dst] =
+                inside ? static_cast<const uint16_t*>(p.weight)[n * p.weight_row_stride + k] : 0;
+          }
+        }
+      }
+    }
+  });
+}
+
+void linear(const LinearParams& p) {
+  validate(p);
+  if (p.rows == 0) return;
+  const LinearBlockFn fn = choose(p.dtype).fn;
+  const int64_t panels = (p.out_features + kLinearPanel - 1) / kLinearPanel;
+  const int64_t row_blocks = (p.rows + kBlockRows - 1) / kBlockRows;
+  const int64_t panel_blocks = (panels + kLinearTilePanels - 1) / kLinearTilePanels;
+  const auto item = [&](int64_t i) {
+    const int64_t rb = i / panel_blocks, pb = i % panel_blocks;  // panels fastest: x stays hot
+    const int64_t row0 = rb * kBlockRows, panel0 = pb * kLinearTilePanels;
+    fn(p, row0, static_cast<int>(std::min<int64_t>(kBlockRows, p.rows - row0)), panel0,
+       static_cast<int>(std::min<int64_t>(kLinearTilePanels, panels - panel0)));
+  };
+  const int64_t items = row_blocks * panel_blocks;
+  const int64_t macs = p.rows * p.out_features * static_cast<int64_t>(p.in_features);
+  if (items == 1 || macs < kMinParallelMacs || get_num_threads() == 1) {
+    for (int64_t i = 0; i < items; ++i) item(i);
+    return;
+  }
+  parallel_for(items, [&](int64_t i, int) { item(i); });
+}
+
+const char* linear_kernel(ScalarType dtype) {
+  check_dtype(dtype, "linear_kernel");
+  return choose(dtype).name;
+}
+
+}  // namespace pagedllm::kernels

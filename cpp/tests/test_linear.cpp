@@ -1,0 +1,265 @@
+// The packed linear layers (linear.h) on every CPU engine this machine runs, against
+// double-precision references: float32 and bfloat16, row counts that make every register-tile
+// height (1-6) and several parallel row blocks, out_features with a partial last panel and
+// panel groups of 1-4, an odd in_features (bfloat16 pairs), bias, strided rows; the packed layout
+// itself; the argument checks. Built into the sanitizer run too (the tails use masked loads).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu_engine_test.h"
+#include "pagedllm/error.h"
+#include "pagedllm/kernels/convert.h"
+#include "pagedllm/kernels/linear.h"
+#include "pagedllm/kernels/thread_pool.h"
+
+namespace pk = pagedllm::kernels;
+
+namespace {
+
+std::vector<float> randn(size_t n, unsigned seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Rounds every element to bfloat16 and back, so both operands are exact in either type.
+std::vector<float> bf16_values(std::vector<float> v) {
+  for (float& x : v) x = pk::bf16_to_float(pk::float_to_bf16(x));
+  return v;
+}
+
+std::vector<uint16_t> bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = pk::float_to_bf16(v[i]);
+  return b;
+}
+
+struct Case {
+  int rows, out_features, in_features;
+  bool bias;
+};
+
+class Linear : public pagedllm_test::CpuEngineTest {
+ protected:
+  void SetUp() override {
+    CpuEngineTest::SetUp();
+    pk::set_num_threads(2);
+  }
+};
+
+// y = x W^T + b against the float64 sum, within the float32 sums' bound (K u sum |x w| with
+// u = 2^-24) plus, in bfloat16, half an ulp of the rounded output.
+void check(pk::ScalarType dt, const Case& c) {
+  const bool bf = dt == pk::ScalarType::kBFloat16;
+  const int R = c.rows, N = c.out_features, K = c.in_features;
+  const int xs = K + 3, ys = N + 5;  // strided rows
+  std::vector<float> x = randn(size_t(R) * xs, R * 7 + K), w = randn(size_t(N) * K, N + K, 0.1f);
+  std::vector<float> b = randn(N, N * 3);
+  if (bf) {
+    x = bf16_values(x);
+    w = bf16_values(w);
+    b = bf16_values(b);
+  }
+  const int64_t packed_n = pk::packed_linear_elements(dt, N, K);
+  std::vector<float> pf(bf ? 0 : packed_n), yf(bf ? 0 : size_t(R) * ys, -7.0f);
+  std::vector<uint16_t> pb(bf ? packed_n : 0), yb(bf ? size_t(R) * ys : 0, 0xFFFF);
+  const std::vector<uint16_t> xb = bf16_bits(x), wb = bf16_bits(w), bb = bf16_bits(b);
+
+  pk::PackLinearParams pp;
+  pp.dtype = dt;
+  pp.weight = bf ? static_cast<const void*>(wb.data()) : w.data();
+  pp.weight_row_stride = K;
+  pp.out_features = N;
+  pp.in_features = K;
+  pp.packed = bf ? static_cast<void*>(pb.data()) : pf.data();
+  pk::pack_linear_weight(pp);
+
+  pk::LinearParams p;
+  p.dtype = dt;
+  p.x = bf ? static_cast<const void*>(xb.data()) : x.data();
+  p.x_row_stride = xs;
+  p.rows = R;
+  p.in_features = K;
+  p.out_features = N;
+  p.packed = pp.packed;
+  p.bias = c.bias ? (bf ? static_cast<const void*>(bb.data()) : b.data()) : nullptr;
+  p.y = bf ? static_cast<void*>(yb.data()) : yf.data();
+  p.y_row_stride = ys;
+  pk::linear(p);
+
+  for (int r = 0; r < R; ++r) {
+    for (int n = 0; n < N; ++n) {
+      double ref = c.bias ? b[n] : 0.0, mag = std::fabs(ref);
+      for (int k = 0; k < K; ++k) {
+        ref += double(x[size_t(r) * xs + k]) * w[size_t(n) * K + k];
+        mag += std::fabs(double(x[size_t(r) * xs + k]) * w[size_t(n) * K + k]);
+      }
+      const double got = bf ? pk::bf16_to_float(yb[size_t(r) * ys + n]) : yf[size_t(r) * ys + n];
+      const double sums = (K + 2) * std::ldexp(1.0, -24) * mag;
+      const double out = bf ? std::ldexp(1.0, -8) * (std::fabs(ref) + sums) : 0.0;
+      ASSERT_LE(std::fabs(got - ref), sums + out + 1e-30)
+          << (bf ? "bf16" : "fp32") << " row " << r << " col " << n << " of [" << R << ", " << N
+          << ", " << K << "] (kernel " << pk::linear_kernel(dt) << ")";
+    }
+    for (int n = N; n < ys; ++n) {  // the row stride's padding is untouched
+      if (bf) {
+        ASSERT_EQ(yb[size_t(r) * ys + n], 0xFFFF);
+      } else {
+        ASSERT_EQ(yf[size_t(r) * ys + n], -7.0f);
+      }
+    }
+  }
+}
+
+TEST_P(Linear, MatchesFloat64AtEveryTileShape) {
+  const Case cases[] = {
+      {1, 1, 1, false},    {1, 16, 32, true},   {2, 17, 31, false}, {3, 33, 64, true},
+      {4, 64, 5, false},   {5, 80, 100, true},  {6, 100, 48, false}, {7, 129, 33, true},
+      {16, 256, 96, false}, {47, 70, 64, true}, {49, 48, 40, false}, {130, 300, 24, true},
+  };
+  for (pk::ScalarType dt : {pk::ScalarType::kFloat32, pk::ScalarType::kBFloat16}) {
+    for (const Case& c : cases) check(dt, c);
+  }
+}
+
+TEST_P(Linear, ZeroRowsWritesNothing) {
+  for (pk::ScalarType dt : {pk::ScalarType::kFloat32, pk::ScalarType::kBFloat16}) {
+    pk::LinearParams p;
+    p.dtype = dt;
+    p.rows = 0;
+    p.in_features = 8;
+    p.out_features = 8;
+    EXPECT_NO_THROW(pk::linear(p));  // null pointers are fine with nothing to do
+  }
+}
+
+TEST_P(Linear, SpecialValuesPropagate) {
+  // An inf or NaN in x reaches exactly the outputs of its row, as in a plain matrix product.
+  for (pk::ScalarType dt : {pk::ScalarType::kFloat32, pk::ScalarType::kBFloat16}) {
+    const bool bf = dt == pk::ScalarType::kBFloat16;
+    const int R = 3, N = 20, K = 10;
+    std::vector<float> x = bf16_values(randn(R * K, 5)), w = bf16_values(randn(N * K, 6, 0.1f));
+    x[0 * K + 3] = INFINITY;
+    x[1 * K + 4] = NAN;
+    for (int n = 0; n < N; ++n) w[n * K + 3] = std::fabs(w[n * K + 3]) + 0.5f;  // inf * (> 0)
+    const std::vector<uint16_t> xb = bf16_bits(x), wb = bf16_bits(w);
+    std::vector<float> pf(pk::packed_linear_elements(dt, N, K)), yf(R * N);
+    std::vector<uint16_t> pb(pf.size()), yb(R * N);
+    pk::PackLinearParams pp;
+    pp.dtype = dt;
+    pp.weight = bf ? static_cast<const void*>(wb.data()) : w.data();
+    pp.weight_row_stride = K;
+    pp.out_features = N;
+    pp.in_features = K;
+    pp.packed = bf ? static_cast<void*>(pb.data()) : pf.data();
+    pk::pack_linear_weight(pp);
+    pk::LinearParams p;
+    p.dtype = dt;
+    p.x = bf ? static_cast<const void*>(xb.data()) : x.data();
+    p.x_row_stride = K;
+    p.rows = R;
+    p.in_features = K;
+    p.out_features = N;
+    p.packed = pp.packed;
+    p.y = bf ? static_cast<void*>(yb.data()) : yf.data();
+    p.y_row_stride = N;
+    pk::linear(p);
+    for (int n = 0; n < N; ++n) {
+      const auto at = [&](int r) { return bf ? pk::bf16_to_float(yb[r * N + n]) : yf[r * N + n]; };
+      EXPECT_EQ(at(0), INFINITY) << n;
+      EXPECT_TRUE(std::isnan(at(1))) << n;
+      EXPECT_TRUE(std::isfinite(at(2))) << n;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, Linear, ::testing::Values("generic", "avx2", "avx512", "avx512_bf16"),
+                         [](const auto& info) { return info.param; });
+
+TEST(LinearLayout, PanelsOf16ColumnsAndKPairs) {
+  // float32: [panels][K][16]; bfloat16: [panels][ceil(K / 2)][16][2], zero-padded.
+  const int N = 20, K = 3;
+  std::vector<float> w(N * K);
+  for (int i = 0; i < N * K; ++i) w[i] = float(i + 1);
+  ASSERT_EQ(pk::packed_linear_elements(pk::ScalarType::kFloat32, N, K), 2 * K * 16);
+  ASSERT_EQ(pk::packed_linear_elements(pk::ScalarType::kBFloat16, N, K), 2 * 2 * 16 * 2);
+  std::vector<float> pf(2 * K * 16, -1.0f);
+  pk::PackLinearParams pp;
+  pp.dtype = pk::ScalarType::kFloat32;
+  pp.weight = w.data();
+  pp.weight_row_stride = K;
+  pp.out_features = N;
+  pp.in_features = K;
+  pp.packed = pf.data();
+  pk::pack_linear_weight(pp);
+  for (int panel = 0; panel < 2; ++panel)
+    for (int k = 0; k < K; ++k)
+      for (int c = 0; c < 16; ++c) {
+        const int n = panel * 16 + c;
+        EXPECT_EQ(pf[(panel * K + k) * 16 + c], n < N ? w[n * K + k] : 0.0f);
+      }
+  const std::vector<uint16_t> wb = bf16_bits(w);
+  std::vector<uint16_t> pb(2 * 2 * 16 * 2, 0xFFFF);
+  pp.dtype = pk::ScalarType::kBFloat16;
+  pp.weight = wb.data();
+  pp.packed = pb.data();
+  pk::pack_linear_weight(pp);
+  for (int panel = 0; panel < 2; ++panel)
+    for (int kp = 0; kp < 2; ++kp)
+      for (int c = 0; c < 16; ++c)
+        for (int j = 0; j < 2; ++j) {
+          const int n = panel * 16 + c, k = 2 * kp + j;
+          EXPECT_EQ(pb[((panel * 2 + kp) * 16 + c) * 2 + j], n < N && k < K ? wb[n * K + k] : 0);
+        }
+}
+
+TEST(LinearArgs, BadParamsThrowBeforeWriting) {
+  std::vector<float> x(4 * 8), packed(pk::packed_linear_elements(pk::ScalarType::kFloat32, 8, 8)),
+      y(4 * 8, 3.0f);
+  pk::LinearParams p;
+  p.dtype = pk::ScalarType::kFloat32;
+  p.x = x.data();
+  p.x_row_stride = 8;
+  p.rows = 4;
+  p.in_features = 8;
+  p.out_features = 8;
+  p.packed = packed.data();
+  p.y = y.data();
+  p.y_row_stride = 8;
+  auto bad = p;
+  bad.dtype = pk::ScalarType::kFloat16;
+  EXPECT_THROW(pk::linear(bad), pagedllm::Error);
+  bad = p;
+  bad.in_features = 0;
+  EXPECT_THROW(pk::linear(bad), pagedllm::Error);
+  bad = p;
+  bad.x_row_stride = 7;
+  EXPECT_THROW(pk::linear(bad), pagedllm::Error);
+  bad = p;
+  bad.y_row_stride = 7;
+  EXPECT_THROW(pk::linear(bad), pagedllm::Error);
+  bad = p;
+  bad.packed = nullptr;
+  EXPECT_THROW(pk::linear(bad), pagedllm::Error);
+  bad = p;
+  bad.rows = -1;
+  EXPECT_THROW(pk::linear(bad), pagedllm::Error);
+  for (float v : y) ASSERT_EQ(v, 3.0f);
+  EXPECT_THROW(pk::packed_linear_elements(pk::ScalarType::kFloat32, 0, 8), pagedllm::Error);
+  EXPECT_THROW(pk::packed_linear_elements(pk::ScalarType::kFloat16, 8, 8), pagedllm::Error);
+  pk::PackLinearParams pp;
+  pp.weight = x.data();
+  pp.weight_row_stride = 4;  // < in_features
+  pp.out_features = 4;
+  pp.in_features = 8;
+  pp.packed = packed.data();
+  EXPECT_THROW(pk::pack_linear_weight(pp), pagedllm::Error);
+}
+
+}  // namespace
