@@ -220,3 +220,15 @@ def cpu_engines() -> list[str]:
     the opt-in avx512_bf16."""
 def force_generic_kernels(on: bool) -> None:
     """Forces the portable kernel (tests, benchmarks) or restores the best one (False)."""
+def packed_linear_elements(dtype: str, out_features: int, in_features: int) -> int:
+    """Elements of the packed form of an [out_features, in_features] linear weight (dtype
+    "float32" or "bfloat16"; 16-column panels, zero-padded)."""
+def pack_linear_weight(packed: Tensor, weight: Tensor) -> None:
+    """Writes weight [out_features, in_features] into packed (1-D, packed_linear_elements
+    elements of the same dtype) for linear()."""
+def linear(y: Tensor, x: Tensor, packed: Tensor, bias: Optional[Tensor]) -> None:
+    """y [rows, out_features] = x [rows, in_features] @ W.T (+ bias), W packed by
+    pack_linear_weight; float32 or bfloat16, float32 sums, y rounded once."""
+def linear_kernel(dtype: str) -> str:
+    """The tile loops linear() runs for dtype: "avx512", "avx512_bf16" or "generic" (they follow
+    set_cpu_engine)."""

@@ -29,7 +29,7 @@ extend::
       gpu_memory_utilization: 0.9 # share of GPU memory the engine may use (weights + KV)
       seed: 0
       num_threads: null
-      prepack_weights: true       # weights in oneDNN's blocked layout (faster CPU matmuls)
+      prepack_weights: true       # weights packed once for the GEMM kernels (faster CPU matmuls)
       check_numerics: off         # off | warn | fail: NaN/Inf in a layer's output or the logits
     parallel:
       tensor_parallel_size: 1     # ranks the model is split over (Megatron-style)
@@ -126,8 +126,9 @@ class EngineConfig:
         watermark: fraction of blocks kept free when admitting new requests.
         seed: seed of the engine's sampling generator (requests can set their own).
         num_threads: CPU threads for torch and the kernels; None = all available cores.
-        prepack_weights: reorder the projection weights once into oneDNN's blocked layout
-            (1.25-1.5x faster batched decode steps on CPU; no extra memory). False = plain F.linear.
+        prepack_weights: reorder the projection weights once into their GEMM kernel's layout
+            (pagedllm.model.packed_linear: pagedllm's or oneDNN's; faster decode steps on CPU, no
+            extra memory). False = plain F.linear.
         k_scale: fp8 KV scale for keys (x / k_scale is stored).
         v_scale: fp8 KV scale for values.
         device: "auto" (a GPU when the CUDA kernels are built in and one is visible, else the

@@ -1,34 +1,140 @@
-"""oneDNN-prepacked linear layers against a float64 reference, and their contract."""
+"""Prepacked linear layers (pagedllm's panels and oneDNN's blocked layout) against a float64
+reference, on every CPU engine that runs here, and their contract."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from pagedllm import _core
 from pagedllm.model import packed_linear
 
-pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="torch built without oneDNN")
+ONEDNN = pytest.mark.skipif(not packed_linear.onednn_available(),
+                            reason="torch built without oneDNN")
+BACKENDS = [pytest.param("pagedllm"), pytest.param("onednn", marks=ONEDNN)]
 
 
+@pytest.fixture(params=_core.cpu_engines())
+def engine(request):
+    """Each CPU engine this machine runs in turn (the linear tiles follow the engine choice)."""
+    _core.set_cpu_engine(request.param)
+    yield request.param
+    _core.set_cpu_engine("auto")
+
+
+def bound(x, w, b, dtype):
+    """|y - y64| allowed: the float32 sums' error, plus half a bf16 ulp of the output."""
+    mag = x.double().abs() @ w.double().abs().T + (0 if b is None else b.double().abs())
+    sums = (x.shape[1] + 2) * 2.0 ** -24 * mag
+    if dtype == torch.bfloat16:
+        ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+        return sums + 2.0 ** -8 * (ref.abs() + sums)
+    return sums + 1e-30
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6, 7, 16, 17, 70, 300])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pagedllm_matches_float64_on_every_engine(engine, rows, bias, dtype):
+    g = torch.Generator().manual_seed(rows)
+    w = (torch.randn(100, 83, generator=g) * 0.1).to(dtype)  # a partial last panel, odd K
+    b = torch.randn(100, generator=g).to(dtype) if bias else None
+    x = torch.randn(rows, 83, generator=g).to(dtype)
+    y = packed_linear.linear(x, packed_linear.pack(w, "pagedllm"), b)
+    assert y.shape == (rows, 100) and y.dtype == dtype and y.is_contiguous()
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+    err = (y.double() - ref).abs()
+    assert (err <= bound(x, w, b, dtype)).all(), (engine, err.max().item())
+
+
+def test_pagedllm_kernel_follows_the_engine():
+    expected = {"generic": "generic", "avx2": "generic", "avx512": "avx512",
+                "avx512_bf16": "avx512"}
+    try:
+        for e in _core.cpu_engines():
+            _core.set_cpu_engine(e)
+            assert _core.linear_kernel("float32") == expected[e]
+            bf16 = _core.linear_kernel("bfloat16")
+            assert bf16 == ("avx512_bf16" if e.startswith("avx512") and
+                            "avx512bf16" in _core.build_info()["cpu_features"] else "generic")
+    finally:
+        _core.set_cpu_engine("auto")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("rows", [1, 3, 16, 17, 70, 1000])
 @pytest.mark.parametrize("bias", [False, True])
-def test_matches_float64_reference(rows, bias):
+def test_matches_float64_reference(backend, rows, bias):
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(96, 80, generator=g)
     b = torch.randn(96, generator=g) if bias else None
     x = torch.randn(rows, 80, generator=g)
-    y = packed_linear.linear(x, packed_linear.pack(w), b)
+    y = packed_linear.linear(x, packed_linear.pack(w, backend), b)
     ref = F.linear(x.double(), w.double(), None if b is None else b.double())
     assert y.shape == (rows, 96) and y.dtype == torch.float32 and y.is_contiguous()
     assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_bfloat16_matches_the_float_product():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bfloat16_matches_the_float_product(backend):
     g = torch.Generator().manual_seed(1)
     w = torch.randn(64, 48, generator=g).bfloat16()
     x = torch.randn(5, 48, generator=g).bfloat16()
-    y = packed_linear.linear(x, packed_linear.pack(w), None)
+    y = packed_linear.linear(x, packed_linear.pack(w, backend), None)
     assert y.dtype == torch.bfloat16
     assert torch.allclose(y.float(), F.linear(x.float(), w.float()), rtol=2e-2, atol=2e-2)
+
+
+def test_backends_agree_on_a_model_sized_product():
+    if not packed_linear.onednn_available():
+        pytest.skip("torch built without oneDNN")
+    g = torch.Generator().manual_seed(2)
+    for dtype in (torch.float32, torch.bfloat16):
+        w = (torch.randn(1536, 1024, generator=g) * 0.03).to(dtype)
+        x = torch.randn(16, 1024, generator=g).to(dtype)
+        a = packed_linear.linear(x, packed_linear.pack(w, "pagedllm"), None).double()
+        b = packed_linear.linear(x, packed_linear.pack(w, "onednn"), None).double()
+        tol = 2e-5 if dtype == torch.float32 else 2.0 ** -7
+        assert ((a - b).abs() <= tol * (a.abs() + 1)).all()
+
+
+def test_strided_and_non_contiguous_rows():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(40, 32, generator=g)
+    packed = packed_linear.pack(w, "pagedllm")
+    big = torch.randn(10, 64, generator=g)
+    x = big[:, :32]  # row stride 64
+    assert torch.allclose(packed_linear.linear(x, packed, None), x @ w.T, rtol=1e-5, atol=1e-5)
+    xt = torch.randn(32, 6, generator=g).T  # column-major rows: copied first
+    assert torch.allclose(packed_linear.linear(xt, packed, None), xt @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_pagedllm_rejects_mismatched_inputs():
+    packed = packed_linear.pack(torch.randn(16, 8), "pagedllm")
+    with pytest.raises(ValueError, match="packed .* must hold"):
+        packed_linear.linear(torch.randn(2, 9), packed, None)  # in_features 9, packed for 8
+    with pytest.raises(ValueError, match="is bfloat16"):
+        packed_linear.linear(torch.randn(2, 8).bfloat16(), packed, None)
+    with pytest.raises(ValueError, match="bias"):
+        packed_linear.linear(torch.randn(2, 8), packed, torch.randn(15))
+    y = torch.full((2, 16), 5.0)
+    with pytest.raises(ValueError, match="overlap"):
+        _core.linear(y, y[:, :8], packed.data, None)
+    assert (y == 5.0).all()
+
+
+def test_choose_backend(monkeypatch):
+    monkeypatch.delenv(packed_linear.BACKEND_ENV, raising=False)
+    for dtype in (torch.float32, torch.bfloat16):
+        want = "pagedllm" if packed_linear.pagedllm_vectorised(dtype) and \
+            "amx_bf16" not in _core.build_info()["cpu_features"] else \
+            ("onednn" if packed_linear.onednn_available() else None)
+        assert packed_linear.choose_backend(dtype) == want
+    monkeypatch.setenv(packed_linear.BACKEND_ENV, "pagedllm")
+    assert packed_linear.choose_backend(torch.float32) == "pagedllm"
+    assert packed_linear.pack(torch.ones(4, 8)).backend == "pagedllm"
+    monkeypatch.setenv(packed_linear.BACKEND_ENV, "cublas")
+    with pytest.raises(ValueError, match="PAGEDLLM_LINEAR='cublas': expected auto"):
+        packed_linear.choose_backend(torch.float32)
 
 
 def test_row_buckets_are_few_and_tight():
@@ -46,8 +152,9 @@ def test_small_weights_stay_strided():
     assert packed_linear.worth_packing(torch.empty(1024, 1024))
 
 
-def test_no_rows():
-    y = packed_linear.linear(torch.empty(0, 8), packed_linear.pack(torch.ones(4, 8)), None)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_rows(backend):
+    y = packed_linear.linear(torch.empty(0, 8), packed_linear.pack(torch.ones(4, 8), backend), None)
     assert y.shape == (0, 4)
 
 
@@ -58,18 +165,27 @@ def test_rejects_what_it_cannot_pack(weight):
         packed_linear.pack(weight)
 
 
+def test_rejects_an_unknown_backend():
+    with pytest.raises(ValueError, match="linear backend 'mkl'"):
+        packed_linear.pack(torch.ones(2, 3), "mkl")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("tied", [False, True])
-def test_prepack_releases_the_strided_weight(tmp_path, tied, monkeypatch):
+def test_prepack_releases_the_strided_weight(tmp_path, tied, backend, monkeypatch):
     from pagedllm.model import load_model, write_random_checkpoint
     from pagedllm.model.checkpoint import PRESETS
 
     monkeypatch.setattr(packed_linear, "MIN_PACKED_ELEMENTS", 0)
+    monkeypatch.setenv(packed_linear.BACKEND_ENV, backend)
     write_random_checkpoint(tmp_path, {**PRESETS["tiny"], "tie_word_embeddings": tied}, seed=3)
     plain, _ = load_model(tmp_path)
     packed, _ = load_model(tmp_path, prepack=True)
     names = {n for n, _ in packed.named_parameters()}
     assert not any(n.endswith("proj.weight") or n == "lm_head.weight" for n in names)
     assert "embed_tokens.weight" in names  # the embedding (and a tied head) stays strided
+    assert all(m.packed.backend == backend for m in packed.modules()
+               if getattr(m, "packed", None) is not None)
     if tied:
         assert packed.lm_head is None and packed.lm_head_weight is packed.embed_tokens.weight
     else:

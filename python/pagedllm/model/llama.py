@@ -36,19 +36,20 @@ def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
 class Linear(nn.Module):
     """y = x @ weight.T + bias, weight [out_features, in_features] (uninitialised).
 
-    After `prepack()` the weight lives only in oneDNN's blocked layout (`packed`; `weight` is
-    then None): see pagedllm.model.packed_linear.
+    After `prepack()` the weight lives only in its GEMM kernel's layout (`packed`, a
+    packed_linear.PackedWeight; `weight` is then None): see pagedllm.model.packed_linear.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = _param(out_features, in_features, dtype=dtype)
         self.bias = _param(out_features, dtype=dtype) if bias else None
-        self.packed: Optional[torch.Tensor] = None
+        self.packed: Optional[packed_linear.PackedWeight] = None
 
     def prepack(self) -> bool:
-        """Moves the weight into oneDNN's layout once (the strided copy is released), if it is
-        large enough to gain from it (packed_linear.worth_packing). Returns whether it is packed."""
+        """Moves the weight into its GEMM kernel's layout once (the strided copy is released), if
+        it is large enough to gain from it (packed_linear.worth_packing). Returns whether it is
+        packed."""
         if self.packed is None and packed_linear.worth_packing(self.weight):
             self.packed = packed_linear.pack(self.weight.data)
             self.weight = None
@@ -69,14 +70,14 @@ def prepack_linears(root: nn.Module, dtype: torch.dtype) -> int:
         dtype: the model's dtype, one of packed_linear.PACKABLE_DTYPES.
 
     Returns:
-        How many linear layers are packed (0 when oneDNN is unavailable).
+        How many linear layers are packed (0 when no packing backend runs here).
     Raises:
         ValueError: dtype cannot be packed.
     """
     if dtype not in packed_linear.PACKABLE_DTYPES:
         raise ValueError(f"model dtype {dtype}: prepacking expects one of "
                          f"{packed_linear.PACKABLE_DTYPES}")
-    if not packed_linear.available():
+    if not packed_linear.available(dtype):
         return 0
     return sum(m.prepack() for m in root.modules() if isinstance(m, Linear))
 
@@ -244,7 +245,7 @@ class LlamaForCausalLM(nn.Module):
         """[vocab_size, hidden_size]: lm_head's weight, or the embedding when tied.
 
         Raises:
-            RuntimeError: lm_head was prepacked (its weight exists only in oneDNN's layout).
+            RuntimeError: lm_head was prepacked (its weight exists only in the packed layout).
         """
         if self.lm_head is None:
             return self.embed_tokens.weight
@@ -253,12 +254,13 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head.weight
 
     def prepack_weights(self) -> int:
-        """Moves every projection weight into oneDNN's blocked layout (CPU fast path).
+        """Moves every projection weight into its GEMM kernel's layout (CPU fast path:
+        packed_linear chooses pagedllm's kernels or oneDNN's).
 
         A tied lm_head stays strided: packing it would need a second copy of the embedding;
         so do weights too small to gain (packed_linear.MIN_PACKED_ELEMENTS).
         Returns:
-            How many linear layers are packed (0 when oneDNN is unavailable).
+            How many linear layers are packed (0 when no backend runs here).
         Raises:
             ValueError: the model's dtype cannot be packed.
         """

@@ -68,7 +68,7 @@ def load_llava(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     Args:
         path: directory with config.json (vision_config, text_config) and safetensors.
         dtype: torch.float32 (the reference) or torch.bfloat16.
-        prepack: prepack the decoder's projections for oneDNN (load_model's option).
+        prepack: prepack the decoder's projections (load_model's option).
     Returns:
         (model in eval mode, the decoder's ModelConfig: what the KV pool is sized from).
     Raises:

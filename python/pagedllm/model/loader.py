@@ -49,8 +49,9 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
         dtype: model dtype: torch.float32 (the reference: matches transformers to fp32
             rounding) or torch.bfloat16 (weights and activations in bf16, attention still
             accumulates in fp32; several times faster matmuls on CPUs with AVX512-BF16/AMX).
-        prepack: move the projection weights into oneDNN's blocked layout after loading
-            (`LlamaForCausalLM.prepack_weights`): faster matmuls, `Linear.weight` is then None.
+        prepack: move the projection weights into their GEMM kernel's layout after loading
+            (`LlamaForCausalLM.prepack_weights`, pagedllm.model.packed_linear): faster matmuls,
+            `Linear.weight` is then None.
     Returns:
         (model in eval mode with gradients off, its ModelConfig). A LLaVA checkpoint
         (LlavaForConditionalGeneration) gives the LLaVA model and its decoder's ModelConfig;

@@ -182,11 +182,11 @@ class MllamaForConditionalGeneration(nn.Module):
         self.language_model = MllamaTextDecoder(cfg, dtype)
 
     def prepack_weights(self) -> int:
-        """Moves the decoder's projection weights into oneDNN's blocked layout (as
+        """Moves the decoder's projection weights into their GEMM kernel's layout (as
         LlamaForCausalLM.prepack_weights; the vision model and projector stay strided).
 
         Returns:
-            How many linear layers are packed (0 when oneDNN is unavailable).
+            How many linear layers are packed (0 when no packing backend runs here).
         Raises:
             ValueError: the model's dtype cannot be packed.
         """

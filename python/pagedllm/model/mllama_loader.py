@@ -103,7 +103,7 @@ def load_mllama(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     Args:
         path: directory with config.json (vision_config, text_config) and safetensors.
         dtype: torch.float32 (the reference) or torch.bfloat16.
-        prepack: prepack the decoder's projections for oneDNN (load_model's option).
+        prepack: prepack the decoder's projections (load_model's option).
     Returns:
         (model in eval mode, the decoder's self-attention-only ModelConfig: what the ordinary
         KV pool is sized from; the cross pool is sized from model.mllama_config).

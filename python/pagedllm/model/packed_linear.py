@@ -1,30 +1,47 @@
-"""Linear layers with weights prepacked once into oneDNN's blocked layout (CPU).
+"""Linear layers with weights prepacked once into the layout their GEMM kernel reads (CPU).
 
 `F.linear` on a plain [out, in] weight re-blocks the weight for the GEMM micro-kernel on every
 call. The decode steps of a serving engine have few rows (one per running sequence), so that
-per-call reordering of the whole weight, not the arithmetic, sets their cost. oneDNN (torch's
-mkldnn backend) can reorder a weight once into the layout its kernels read
-(`torch.ops.mkldnn._reorder_linear_weight`) and then multiply against it directly
-(`torch.ops.mkldnn._linear_pointwise`); this is what torch.compile's CPU backend (Inductor's
-mkldnn weight prepacking) and vLLM's CPU build do. Measured on the "small" model
-(docs/BENCHMARKS.md, "model_step" table): 1.25-1.5x faster decode steps of 16-64 sequences,
-equal at one sequence and on prefill.
+per-call reordering of the whole weight, not the arithmetic, sets their cost. Two backends
+pack a weight once instead:
 
-The packed weight is an opaque mkldnn tensor: it replaces the strided one (no second copy), so
-code that reads `Linear.weight` after packing gets None. Results differ from `F.linear` only in
-summation order (about 1e-6 relative in float32). Small weights (under MIN_PACKED_ELEMENTS) are
-left strided, and row counts are bucketed (`padded_rows`) so that oneDNN's primitive cache is
-not thrashed by the engine's ever-changing step sizes.
+- "pagedllm": `_core.linear` (pagedllm/kernels/linear.h) over 16-column panels, AVX-512 float32
+  and AVX512_BF16 bfloat16 register tiles. At 1-16 rows it streams every weight byte once at
+  the read bandwidth; measured on a 2-core Zen 4 (docs/BENCHMARKS.md, "Linear layers"):
+  1.5-3.3x oneDNN's prepacked kernels at one row, 1.1-2.0x at 16, about equal from 64 rows to
+  prefill sizes (0.9-1.2x).
+- "onednn": torch's mkldnn backend reorders the weight into oneDNN's blocked layout
+  (`torch.ops.mkldnn._reorder_linear_weight`) and multiplies against it directly
+  (`torch.ops.mkldnn._linear_pointwise`), as torch.compile's CPU backend (Inductor's mkldnn
+  weight prepacking) and vLLM's CPU build do.
+
+`choose_backend` picks "pagedllm" on CPUs with AVX-512 (and AVX512_BF16 for bfloat16) that lack
+AMX, where oneDNN's bfloat16 GEMMs run on the matrix units instead (not measured here);
+"onednn" elsewhere. The environment variable PAGEDLLM_LINEAR=pagedllm|onednn|auto overrides it.
+
+The packed weight replaces the strided one (no second copy), so code that reads `Linear.weight`
+after packing gets None. Results differ from `F.linear` only in summation order (about 1e-6
+relative in float32; bfloat16 outputs are rounded once from float32 sums either way). Small
+weights (under MIN_PACKED_ELEMENTS) are left strided, and for oneDNN row counts are bucketed
+(`padded_rows`) so that its primitive cache is not thrashed by the engine's ever-changing step
+sizes.
+
+This module imports pagedllm._core lazily: benchmarks/peers/vllm_gemm.py loads it by path in
+vLLM's venv, where only the oneDNN backend exists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 from typing import Optional
 
 import torch
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+BACKENDS = ("pagedllm", "onednn")
+BACKEND_ENV = "PAGEDLLM_LINEAR"
 
 # Weights below this many elements stay strided: for them oneDNN's per-call overhead outweighs
 # the reorder it saves. Measured in the engine (torch 2.13, 2-core Zen 4, "tiny": 256 x 256 to
@@ -38,6 +55,30 @@ MIN_PACKED_ELEMENTS = 1 << 16
 # engine whose step sizes vary from 1 to thousands of tokens reuses a few hundred primitives.
 EXACT_ROWS = 16
 
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedWeight:
+    """A linear weight [out_features, in_features] in one backend's layout.
+
+    Attributes:
+        backend: "pagedllm" (data: 1-D, `_core.packed_linear_elements` elements) or "onednn"
+            (data: an opaque mkldnn tensor).
+        data: the packed matrix.
+        out_features, in_features: the weight's shape.
+    """
+
+    backend: str
+    data: torch.Tensor
+    out_features: int
+    in_features: int
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weight's element type."""
+        return self.data.dtype
+
 
 def worth_packing(weight: torch.Tensor) -> bool:
     """True when `weight` [out, in] is large enough that packing pays off."""
@@ -45,8 +86,8 @@ def worth_packing(weight: torch.Tensor) -> bool:
 
 
 def padded_rows(n: int) -> int:
-    """The row count `linear` multiplies for n rows: n up to EXACT_ROWS, then n rounded up to
-    a multiple of 2^(floor(log2 n) - 3)."""
+    """The row count the oneDNN backend multiplies for n rows: n up to EXACT_ROWS, then n
+    rounded up to a multiple of 2^(floor(log2 n) - 3)."""
     if n <= EXACT_ROWS:
         return n
     step = 1 << (n.bit_length() - 4)
@@ -54,7 +95,7 @@ def padded_rows(n: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def available() -> bool:
+def onednn_available() -> bool:
     """True when this torch build has oneDNN and the prepacked linear ops, and they agree with
     F.linear on a small product (checked once per process)."""
     if not torch.backends.mkldnn.is_available():
@@ -67,29 +108,107 @@ def available() -> bool:
         w = torch.randn(24, 40, generator=g)
         x = torch.randn(3, 40, generator=g)
         b = torch.randn(24, generator=g)
-        y = linear(x, pack(w), b)
+        y = linear(x, pack(w, "onednn"), b)
     except RuntimeError:
         return False
     return bool(torch.allclose(y, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-5))
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
+def _core_module():
+    from pagedllm import _core  # lazily: see the module docstring
+    return _core
+
+
+@functools.lru_cache(maxsize=None)
+def pagedllm_vectorised(dtype: torch.dtype) -> bool:
+    """True when `_core.linear` has vector tiles for dtype on this CPU (AVX-512F for float32,
+    AVX512_BF16 for bfloat16), whatever CPU engine is selected at the moment."""
+    try:
+        core = _core_module()
+    except ImportError:
+        return False
+    info = core.build_info()
+    features = set(info["cpu_features"])
+    compiled = set(info["cpu_kernels_compiled"])
+    if dtype == torch.float32:
+        return "avx512" in compiled and "avx512f" in features
+    if dtype == torch.bfloat16:
+        return "avx512_bf16" in compiled and "avx512bf16" in features
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _has_amx() -> bool:
+    try:
+        return "amx_bf16" in _core_module().build_info()["cpu_features"]
+    except ImportError:
+        return False
+
+
+def choose_backend(dtype: torch.dtype) -> Optional[str]:
+    """The backend `pack` uses for weights of dtype by default.
+
+    Args:
+        dtype: float32 or bfloat16.
+    Returns:
+        "pagedllm" where its vector tiles run and the CPU has no AMX (or PAGEDLLM_LINEAR says
+        so), else "onednn" where torch has it, else None (weights stay strided).
+    Raises:
+        ValueError: PAGEDLLM_LINEAR holds something other than auto, pagedllm or onednn, or
+            names a backend this process cannot run.
+    """
+    choice = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    if choice not in ("auto",) + BACKENDS:
+        raise ValueError(f"{BACKEND_ENV}={os.environ[BACKEND_ENV]!r}: expected auto, pagedllm "
+                         f"or onednn")
+    if choice == "onednn" and not onednn_available():
+        raise ValueError(f"{BACKEND_ENV}=onednn: this torch build has no prepacked oneDNN linear")
+    if choice == "pagedllm":
+        _core_module()  # raises ImportError without the extension
+        return choice
+    if choice == "onednn":
+        return choice
+    if dtype in PACKABLE_DTYPES and pagedllm_vectorised(dtype) and not _has_amx():
+        return "pagedllm"
+    return "onednn" if onednn_available() else None
+
+
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    """True when weights of dtype can be packed here (some backend runs)."""
+    return choose_backend(dtype) is not None
+
+
+def pack(weight: torch.Tensor, backend: Optional[str] = None) -> PackedWeight:
     """Reorders a linear weight once for `linear`.
 
     Args:
         weight: [out_features, in_features] float32 or bfloat16, on the CPU.
+        backend: "pagedllm" or "onednn"; None: choose_backend(weight.dtype).
     Returns:
-        The same matrix in oneDNN's blocked layout (an opaque mkldnn tensor).
+        The same matrix in the backend's layout.
     Raises:
-        ValueError: a weight that is not a 2-D CPU float32/bfloat16 tensor.
+        ValueError: a weight that is not a 2-D CPU float32/bfloat16 tensor, an unknown backend,
+            or no backend available.
     """
     if weight.dim() != 2 or weight.device.type != "cpu" or weight.dtype not in PACKABLE_DTYPES:
         raise ValueError(f"weight {list(weight.shape)} {weight.dtype} on {weight.device}: "
                          f"expected a 2-D float32 or bfloat16 CPU tensor")
-    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+    backend = backend or choose_backend(weight.dtype)
+    if backend not in BACKENDS:
+        raise ValueError(f"linear backend {backend!r}: expected one of {BACKENDS} "
+                         f"(None: no backend runs here)")
+    out_features, in_features = weight.shape
+    if backend == "onednn":
+        data = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+    else:
+        core = _core_module()
+        n = core.packed_linear_elements(_DTYPE_NAMES[weight.dtype], out_features, in_features)
+        data = torch.empty(n, dtype=weight.dtype)
+        core.pack_linear_weight(data, weight.contiguous())
+    return PackedWeight(backend, data, out_features, in_features)
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def linear(x: torch.Tensor, packed: PackedWeight, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """y = x @ W.T + bias with W from `pack`.
 
     Args:
@@ -98,13 +217,21 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) 
         bias: [out_features] or None.
     Returns:
         y: [n, out_features] (contiguous).
+    Raises:
+        ValueError: (backend "pagedllm") shapes or dtypes that do not match the weight.
     """
     n = x.shape[0]
+    if packed.backend == "pagedllm":
+        if x.dim() != 2 or x.stride(-1) != 1:
+            x = x.reshape(n, -1).contiguous()
+        y = torch.empty((n, packed.out_features), dtype=x.dtype)
+        _core_module().linear(y, x, packed.data, bias)
+        return y
     rows = padded_rows(n)
     if rows != n:  # rows are independent: zero rows in, rows dropped out
         padded = x.new_empty((rows, x.shape[1]))
         padded[:n].copy_(x)
         padded[n:].zero_()
         x = padded
-    y = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    y = torch.ops.mkldnn._linear_pointwise(x, packed.data, bias, "none", [], "")
     return y[:n] if rows != n else y
