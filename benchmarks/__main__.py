@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DOC = ROOT / "docs" / "BENCHMARKS.md"
 OWN = ("throughput", "memory", "sharing", "block_size", "profile", "preemption", "dtype")
-SCRIPTS = ("allocator", "attention", "kv_dtypes", "model_step")
+SCRIPTS = ("allocator", "attention", "kv_dtypes", "model_step", "linear")
 SECTIONS = OWN + SCRIPTS
 
 
@@ -61,6 +61,10 @@ def _script_runs(name: str, quick: bool, out_dir: Path) -> list:
     if name == "model_step":
         return [[str(HERE / "bench_model_step.py"), "--out", str(out_dir / "model_step.json")]
                 + (["--repeats", "3"] if quick else ["--repeats", "9"])]
+    if name == "linear":
+        return [[str(HERE / "bench_linear.py"), "--out", str(out_dir / "linear.json")]
+                + (["--presets", "tiny", "--rows", "1,16", "--rounds", "2", "--bytes", "8e6"]
+                   if quick else [])]
     raise ValueError(name)
 
 

@@ -11,19 +11,21 @@ of --rounds rounds; the weight bytes per second are reported next to the machine
 bandwidth measured in the same run (`_core.stream_read_sum`, 2 x 1 GiB passes).
 
 Usage: PYTHONPATH=.:python python -m benchmarks.bench_linear [--rows 1,16,64,512] [--rounds 5]
-Writes benchmarks/results/linear.json (--name) and prints a table.
+Writes benchmarks/results/linear.json (or --out) and prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Dict, List
 
 import torch
 
-from benchmarks.common import machine_info, write_results
+from benchmarks.common import machine_info
 from pagedllm import _core, threads
 from pagedllm.model import packed_linear
 from pagedllm.model.checkpoint import random_config
@@ -90,7 +92,7 @@ def main() -> None:
     ap.add_argument("--bytes", type=float, default=96e6,
                     help="weight bytes cycled per shape (above the last-level cache)")
     ap.add_argument("--threads", type=int, default=None, help="default: every CPU")
-    ap.add_argument("--name", default="linear", help="results file stem (results/<name>.json)")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "linear.json"))
     args = ap.parse_args()
     if not packed_linear.onednn_available():
         raise SystemExit("torch built without oneDNN: nothing to compare against")
@@ -117,7 +119,10 @@ def main() -> None:
     payload = dict(benchmark="linear", machine=machine_info(), read_bandwidth_gbs=bandwidth,
                    threads=torch.get_num_threads(), rounds=args.rounds, rows=rows,
                    results=results)
-    print(f"wrote {write_results(args.name, payload)}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
