@@ -40,8 +40,8 @@ from benchmarks.engines import PagedEngine
 # (bucket, predicate on (file, function name)), first match wins; "lm_head" is split out of
 # the projections afterwards from compute_logits' cumulative time.
 BUCKETS = (
-    ("projections (oneDNN GEMM)", lambda f, n: "_linear_pointwise" in n or "_nn.linear" in n
-     or n.endswith("method matmul>")),
+    ("projections (GEMM)", lambda f, n: "_linear_pointwise" in n or "_nn.linear" in n
+     or n.endswith("method matmul>") or n.endswith("_core.linear>")),
     ("attention kernel", lambda f, n: "paged_attention" in n),
     ("KV cache write", lambda f, n: "reshape_and_cache" in n),
     ("RMSNorm kernel", lambda f, n: "rms_norm" in n),
@@ -200,7 +200,7 @@ def markdown(r: dict) -> str:
     f = r["floor_ms"]
     b = r["floor_bound"]
     floor_of = {LM_HEAD: f"{f['lm_head']:.2f} ({b['lm_head']})",
-                "projections (oneDNN GEMM)": f"{f['weights']:.2f} ({b['weights']})",
+                "projections (GEMM)": f"{f['weights']:.2f} ({b['weights']})",
                 "attention kernel": f"{f['kv']:.2f} ({b['kv']})"}
     rows = [f"| {k} | {v:.2f} | {100 * v / total:.0f}% | "
             f"{floor_of[k]} |" if k in floor_of else

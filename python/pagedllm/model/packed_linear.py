@@ -114,9 +114,15 @@ def onednn_available() -> bool:
     return bool(torch.allclose(y, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-5))
 
 
+_CORE = None
+
+
 def _core_module():
-    from pagedllm import _core  # lazily: see the module docstring
-    return _core
+    global _CORE
+    if _CORE is None:
+        from pagedllm import _core  # lazily: see the module docstring
+        _CORE = _core
+    return _CORE
 
 
 @functools.lru_cache(maxsize=None)
