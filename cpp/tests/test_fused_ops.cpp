@@ -16,24 +16,14 @@
 #include "pagedllm/kernels/fused_ops.h"
 #include "pagedllm/kernels/kernels.h"
 #include "pagedllm/kernels/thread_pool.h"
+#include "test_data.h"
 
 namespace pk = pagedllm::kernels;
 
 namespace {
 
-std::vector<float> randn(size_t n, unsigned seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = pk::float_to_bf16(v[i]);
-  return b;
-}
+using pagedllm_test::randn;
+using pagedllm_test::to_bf16;
 
 class FusedOps : public ::testing::TestWithParam<std::string> {
  protected:

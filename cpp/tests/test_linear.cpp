@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -15,18 +14,13 @@
 #include "pagedllm/kernels/convert.h"
 #include "pagedllm/kernels/linear.h"
 #include "pagedllm/kernels/thread_pool.h"
+#include "test_data.h"
 
 namespace pk = pagedllm::kernels;
 
 namespace {
 
-std::vector<float> randn(size_t n, unsigned seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using pagedllm_test::randn;
 
 // Rounds every element to bfloat16 and back, so both operands are exact in either type.
 std::vector<float> bf16_values(std::vector<float> v) {
@@ -34,10 +28,41 @@ std::vector<float> bf16_values(std::vector<float> v) {
   return v;
 }
 
-std::vector<uint16_t> bf16_bits(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = pk::float_to_bf16(v[i]);
-  return b;
+// Packs w [N, K] and runs linear on x [R, K] (row stride xs) in dtype dt (bfloat16: the bits
+// of the given values), into y [R, ys] preset to `fill`; returns y as floats.
+std::vector<float> run_linear(pk::ScalarType dt, const std::vector<float>& x, int xs,
+                              const std::vector<float>& w, const std::vector<float>* bias, int R,
+                              int N, int K, int ys, float fill) {
+  const bool bf = dt == pk::ScalarType::kBFloat16;
+  const int64_t packed_n = pk::packed_linear_elements(dt, N, K);
+  std::vector<float> pf(bf ? 0 : packed_n), yf(bf ? 0 : size_t(R) * ys, fill);
+  std::vector<uint16_t> pb(bf ? packed_n : 0), yb(bf ? size_t(R) * ys : 0, pk::float_to_bf16(fill));
+  const std::vector<uint16_t> xb = pagedllm_test::to_bf16(x), wb = pagedllm_test::to_bf16(w);
+  const std::vector<uint16_t> bb = bias ? pagedllm_test::to_bf16(*bias) : std::vector<uint16_t>{};
+  pk::PackLinearParams pp;
+  pp.dtype = dt;
+  pp.weight = bf ? static_cast<const void*>(wb.data()) : w.data();
+  pp.weight_row_stride = K;
+  pp.out_features = N;
+  pp.in_features = K;
+  pp.packed = bf ? static_cast<void*>(pb.data()) : pf.data();
+  pk::pack_linear_weight(pp);
+  pk::LinearParams p;
+  p.dtype = dt;
+  p.x = bf ? static_cast<const void*>(xb.data()) : x.data();
+  p.x_row_stride = xs;
+  p.rows = R;
+  p.in_features = K;
+  p.out_features = N;
+  p.packed = pp.packed;
+  if (bias) p.bias = bf ? static_cast<const void*>(bb.data()) : bias->data();
+  p.y = bf ? static_cast<void*>(yb.data()) : yf.data();
+  p.y_row_stride = ys;
+  pk::linear(p);
+  if (!bf) return yf;
+  std::vector<float> y(yb.size());
+  for (size_t i = 0; i < yb.size(); ++i) y[i] = pk::bf16_to_float(yb[i]);
+  return y;
 }
 
 struct Case {
@@ -66,33 +91,7 @@ void check(pk::ScalarType dt, const Case& c) {
     w = bf16_values(w);
     b = bf16_values(b);
   }
-  const int64_t packed_n = pk::packed_linear_elements(dt, N, K);
-  std::vector<float> pf(bf ? 0 : packed_n), yf(bf ? 0 : size_t(R) * ys, -7.0f);
-  std::vector<uint16_t> pb(bf ? packed_n : 0), yb(bf ? size_t(R) * ys : 0, 0xFFFF);
-  const std::vector<uint16_t> xb = bf16_bits(x), wb = bf16_bits(w), bb = bf16_bits(b);
-
-  pk::PackLinearParams pp;
-  pp.dtype = dt;
-  pp.weight = bf ? static_cast<const void*>(wb.data()) : w.data();
-  pp.weight_row_stride = K;
-  pp.out_features = N;
-  pp.in_features = K;
-  pp.packed = bf ? static_cast<void*>(pb.data()) : pf.data();
-  pk::pack_linear_weight(pp);
-
-  pk::LinearParams p;
-  p.dtype = dt;
-  p.x = bf ? static_cast<const void*>(xb.data()) : x.data();
-  p.x_row_stride = xs;
-  p.rows = R;
-  p.in_features = K;
-  p.out_features = N;
-  p.packed = pp.packed;
-  p.bias = c.bias ? (bf ? static_cast<const void*>(bb.data()) : b.data()) : nullptr;
-  p.y = bf ? static_cast<void*>(yb.data()) : yf.data();
-  p.y_row_stride = ys;
-  pk::linear(p);
-
+  const std::vector<float> y = run_linear(dt, x, xs, w, c.bias ? &b : nullptr, R, N, K, ys, -7.0f);
   for (int r = 0; r < R; ++r) {
     for (int n = 0; n < N; ++n) {
       double ref = c.bias ? b[n] : 0.0, mag = std::fabs(ref);
@@ -100,7 +99,7 @@ void check(pk::ScalarType dt, const Case& c) {
         ref += double(x[size_t(r) * xs + k]) * w[size_t(n) * K + k];
         mag += std::fabs(double(x[size_t(r) * xs + k]) * w[size_t(n) * K + k]);
       }
-      const double got = bf ? pk::bf16_to_float(yb[size_t(r) * ys + n]) : yf[size_t(r) * ys + n];
+      const double got = y[size_t(r) * ys + n];
       const double sums = (K + 2) * std::ldexp(1.0, -24) * mag;
       const double out = bf ? std::ldexp(1.0, -8) * (std::fabs(ref) + sums) : 0.0;
       ASSERT_LE(std::fabs(got - ref), sums + out + 1e-30)
@@ -108,11 +107,7 @@ void check(pk::ScalarType dt, const Case& c) {
           << ", " << K << "] (kernel " << pk::linear_kernel(dt) << ")";
     }
     for (int n = N; n < ys; ++n) {  // the row stride's padding is untouched
-      if (bf) {
-        ASSERT_EQ(yb[size_t(r) * ys + n], 0xFFFF);
-      } else {
-        ASSERT_EQ(yf[size_t(r) * ys + n], -7.0f);
-      }
+      ASSERT_EQ(y[size_t(r) * ys + n], -7.0f);
     }
   }
 }
@@ -142,39 +137,16 @@ TEST_P(Linear, ZeroRowsWritesNothing) {
 TEST_P(Linear, SpecialValuesPropagate) {
   // An inf or NaN in x reaches exactly the outputs of its row, as in a plain matrix product.
   for (pk::ScalarType dt : {pk::ScalarType::kFloat32, pk::ScalarType::kBFloat16}) {
-    const bool bf = dt == pk::ScalarType::kBFloat16;
     const int R = 3, N = 20, K = 10;
     std::vector<float> x = bf16_values(randn(R * K, 5)), w = bf16_values(randn(N * K, 6, 0.1f));
     x[0 * K + 3] = INFINITY;
     x[1 * K + 4] = NAN;
     for (int n = 0; n < N; ++n) w[n * K + 3] = std::fabs(w[n * K + 3]) + 0.5f;  // inf * (> 0)
-    const std::vector<uint16_t> xb = bf16_bits(x), wb = bf16_bits(w);
-    std::vector<float> pf(pk::packed_linear_elements(dt, N, K)), yf(R * N);
-    std::vector<uint16_t> pb(pf.size()), yb(R * N);
-    pk::PackLinearParams pp;
-    pp.dtype = dt;
-    pp.weight = bf ? static_cast<const void*>(wb.data()) : w.data();
-    pp.weight_row_stride = K;
-    pp.out_features = N;
-    pp.in_features = K;
-    pp.packed = bf ? static_cast<void*>(pb.data()) : pf.data();
-    pk::pack_linear_weight(pp);
-    pk::LinearParams p;
-    p.dtype = dt;
-    p.x = bf ? static_cast<const void*>(xb.data()) : x.data();
-    p.x_row_stride = K;
-    p.rows = R;
-    p.in_features = K;
-    p.out_features = N;
-    p.packed = pp.packed;
-    p.y = bf ? static_cast<void*>(yb.data()) : yf.data();
-    p.y_row_stride = N;
-    pk::linear(p);
+    const std::vector<float> y = run_linear(dt, x, K, w, nullptr, R, N, K, N, 0.0f);
     for (int n = 0; n < N; ++n) {
-      const auto at = [&](int r) { return bf ? pk::bf16_to_float(yb[r * N + n]) : yf[r * N + n]; };
-      EXPECT_EQ(at(0), INFINITY) << n;
-      EXPECT_TRUE(std::isnan(at(1))) << n;
-      EXPECT_TRUE(std::isfinite(at(2))) << n;
+      EXPECT_EQ(y[0 * N + n], INFINITY) << n;
+      EXPECT_TRUE(std::isnan(y[1 * N + n])) << n;
+      EXPECT_TRUE(std::isfinite(y[2 * N + n])) << n;
     }
   }
 }
@@ -204,7 +176,7 @@ TEST(LinearLayout, PanelsOf16ColumnsAndKPairs) {
         const int n = panel * 16 + c;
         EXPECT_EQ(pf[(panel * K + k) * 16 + c], n < N ? w[n * K + k] : 0.0f);
       }
-  const std::vector<uint16_t> wb = bf16_bits(w);
+  const std::vector<uint16_t> wb = pagedllm_test::to_bf16(w);
   std::vector<uint16_t> pb(2 * 2 * 16 * 2, 0xFFFF);
   pp.dtype = pk::ScalarType::kBFloat16;
   pp.weight = wb.data();
