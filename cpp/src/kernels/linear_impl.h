@@ -20,13 +20,14 @@ constexpr int kLinearTilePanels = 4;  // panels of a register tile
 using LinearBlockFn = void (*)(const LinearParams& p, int64_t row0, int rows, int64_t panel0,
                                int panels);
 
-// The packed K extent of one panel row: in_features (float32) or its pairs (bfloat16).
-inline int64_t packed_depth(ScalarType dtype, int64_t in_features) {
+// The packed K extent of one panel row: in_features (float32) or its pairs (bfloat16). Static:
+// each translation unit (ISA-specific ones too) keeps its own copy, so no ODR merging.
+static inline int64_t packed_depth(ScalarType dtype, int64_t in_features) {
   return dtype == ScalarType::kBFloat16 ? (in_features + 1) / 2 : in_features;
 }
 
 // Elements of one packed panel (depth x 16, or depth x 16 x 2 for bfloat16).
-inline int64_t packed_panel_elements(ScalarType dtype, int64_t in_features) {
+static inline int64_t packed_panel_elements(ScalarType dtype, int64_t in_features) {
   return packed_depth(dtype, in_features) * kLinearPanel *
          (dtype == ScalarType::kBFloat16 ? 2 : 1);
 }
