@@ -130,7 +130,7 @@ void bind_linear_kernels(py::module_& m) {
         "W packed by pack_linear_weight; float32 or bfloat16, float32 sums, y rounded once.");
   m.def("linear_kernel", [](const std::string& dtype) { return std::string(k::linear_kernel(dtype_named(dtype))); },
         py::arg("dtype"),
-        "The tile loops linear() runs for dtype here: 'avx512', 'avx512_bf16' or 'generic' "
+        "The tile loops linear() runs for dtype here: 'avx512', 'avx512_bf16', 'avx2' or 'generic' "
         "(they follow set_cpu_engine).");
 }
 

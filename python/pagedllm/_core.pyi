@@ -230,5 +230,5 @@ def linear(y: Tensor, x: Tensor, packed: Tensor, bias: Optional[Tensor]) -> None
     """y [rows, out_features] = x [rows, in_features] @ W.T (+ bias), W packed by
     pack_linear_weight; float32 or bfloat16, float32 sums, y rounded once."""
 def linear_kernel(dtype: str) -> str:
-    """The tile loops linear() runs for dtype: "avx512", "avx512_bf16" or "generic" (they follow
-    set_cpu_engine)."""
+    """The tile loops linear() runs for dtype: "avx512", "avx512_bf16", "avx2" or "generic"
+    (they follow set_cpu_engine)."""

@@ -117,6 +117,10 @@ Choice choose(ScalarType dtype) {
     return {&linear_block_avx512_bf16, "avx512_bf16"};
   }
 #endif
+#ifdef PAGEDLLM_HAVE_AVX2_KERNELS
+  // the avx2 engine, and bf16 on an AVX-512 engine without AVX512_BF16 (AVX-512 implies AVX2)
+  if (std::strcmp(engine, "avx2") == 0 || avx512) return {&linear_block_avx2, "avx2"};
+#endif
   (void)dtype;
   return {&linear_block_generic, "generic"};
 }

@@ -1,6 +1,6 @@
 // linear_impl.h (internal) — the tile loops behind linear.h, one per instruction set
-// (linear.cpp: portable; linear_avx512.cpp: float32 on AVX-512F; linear_avx512_bf16.cpp:
-// bfloat16 on AVX512_BF16), and the packed layout they share. Plain data and function pointers
+// (linear.cpp: portable; linear_avx2.cpp: both types on AVX2 + FMA; linear_avx512.cpp: float32
+// on AVX-512F; linear_avx512_bf16.cpp: bfloat16 on AVX512_BF16), and the packed layout they share. Plain data and function pointers
 // only (included by ISA-specific translation units). bfloat16 elements travel as uint16_t bits.
 // Thread-safety: a block function writes only its own rows x columns of y.
 #pragma once
@@ -32,6 +32,8 @@ static inline int64_t packed_panel_elements(ScalarType dtype, int64_t in_feature
          (dtype == ScalarType::kBFloat16 ? 2 : 1);
 }
 
+// AVX2 + FMA tiles, float32 and bfloat16; only when PAGEDLLM_HAVE_AVX2_KERNELS is defined.
+void linear_block_avx2(const LinearParams& p, int64_t row0, int rows, int64_t panel0, int panels);
 // AVX-512F float32 tiles; only when PAGEDLLM_HAVE_AVX512_KERNELS is defined.
 void linear_block_avx512_f32(const LinearParams& p, int64_t row0, int rows, int64_t panel0,
                              int panels);

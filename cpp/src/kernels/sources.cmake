@@ -1,8 +1,8 @@
 # CPU paged-attention kernels: included from cpp/CMakeLists.txt inside the pagedllm_core scope.
-# engine_avx2.cpp, engine_avx512.cpp, engine_avx512_bf16.cpp, fused_rows_{avx2,avx512}.cpp and
-# linear_avx512{,_bf16}.cpp are the only translation units compiled with ISA flags; the kernels
-# choose one at run time after checking the CPU (see attention.cpp), so the library still runs
-# anywhere.
+# engine_avx2.cpp, engine_avx512.cpp, engine_avx512_bf16.cpp, fused_rows_{avx2,avx512}.cpp,
+# linear_avx2.cpp and linear_avx512{,_bf16}.cpp are the only translation units compiled with ISA
+# flags; the kernels choose one at run time after checking the CPU (see attention.cpp), so the
+# library still runs anywhere.
 set(_pagedllm_kernels_dir ${CMAKE_CURRENT_LIST_DIR})
 target_sources(pagedllm_core PRIVATE
   ${_pagedllm_kernels_dir}/thread_pool.cpp
@@ -32,6 +32,9 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64|i[3-6]86)$")
   set_source_files_properties(${_pagedllm_kernels_dir}/engine_avx2.cpp PROPERTIES
     COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
   target_compile_definitions(pagedllm_core PRIVATE PAGEDLLM_HAVE_AVX2_KERNELS)
+  target_sources(pagedllm_core PRIVATE ${_pagedllm_kernels_dir}/linear_avx2.cpp)
+  set_source_files_properties(${_pagedllm_kernels_dir}/linear_avx2.cpp PROPERTIES
+    COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
   target_sources(pagedllm_core PRIVATE ${_pagedllm_kernels_dir}/engine_avx512.cpp)
   set_source_files_properties(${_pagedllm_kernels_dir}/engine_avx512.cpp PROPERTIES
     COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx2;-mfma;-mf16c")

@@ -6,10 +6,10 @@ per-call reordering of the whole weight, not the arithmetic, sets their cost. Tw
 pack a weight once instead:
 
 - "pagedllm": `_core.linear` (pagedllm/kernels/linear.h) over 16-column panels, AVX-512 float32
-  and AVX512_BF16 bfloat16 register tiles. At 1-16 rows it streams every weight byte once at
-  the read bandwidth; measured on a 2-core Zen 4 (docs/BENCHMARKS.md, "Linear layers"):
-  1.5-3.3x oneDNN's prepacked kernels at one row, 1.1-2.0x at 16, about equal from 64 rows to
-  prefill sizes (0.9-1.2x).
+  and AVX512_BF16 bfloat16 register tiles (AVX2 ones elsewhere). At 1-16 rows it streams every
+  weight byte once at the read bandwidth; measured on a 2-core Zen 4 (docs/BENCHMARKS.md,
+  "Linear layers"): 1.4-2.1x oneDNN's prepacked kernels at one row, 1.0-2.3x at 16, 0.8-1.3x
+  from 64 rows to prefill sizes.
 - "onednn": torch's mkldnn backend reorders the weight into oneDNN's blocked layout
   (`torch.ops.mkldnn._reorder_linear_weight`) and multiplies against it directly
   (`torch.ops.mkldnn._linear_pointwise`), as torch.compile's CPU backend (Inductor's mkldnn
@@ -17,7 +17,8 @@ pack a weight once instead:
 
 `choose_backend` picks "pagedllm" on CPUs with AVX-512 (and AVX512_BF16 for bfloat16) that lack
 AMX, where oneDNN's bfloat16 GEMMs run on the matrix units instead (not measured here);
-"onednn" elsewhere. The environment variable PAGEDLLM_LINEAR=pagedllm|onednn|auto overrides it.
+"onednn" elsewhere (on AVX2-only CPUs the two measured alike). The environment variable
+PAGEDLLM_LINEAR=pagedllm|onednn|auto overrides it.
 
 The packed weight replaces the strided one (no second copy), so code that reads `Linear.weight`
 after packing gets None. Results differ from `F.linear` only in summation order (about 1e-6

@@ -10,10 +10,11 @@
 // weight or by a blocking made for large matrices (oneDNN's prepacked bf16 kernels on a 2-core
 // Zen 4 reach half the read bandwidth at one row: docs/BENCHMARKS.md, "Linear layers").
 //
-// Kernels: AVX-512F (float32) and AVX512_BF16 (bfloat16) where the CPU has them (chosen at run
-// time), else a portable loop with the same summation order per output (float32 sums; bfloat16
-// products exact in float32). Outputs are rounded to the output type once (round to nearest
-// even), after the bias is added in float32.
+// Kernels: AVX-512F (float32) and AVX512_BF16 (bfloat16) where the CPU has them, AVX2 + FMA
+// tiles (both types: 4 rows x 1 panel) on other x86-64 CPUs, a portable loop elsewhere; chosen
+// at run time with the attention engine. The same summation order per output in all of them
+// (float32 sums in K order; bfloat16 products exact in float32). Outputs are rounded to the
+// output type once (round to nearest even), after the bias is added in float32.
 // Every entry point validates its params and throws pagedllm::Error before writing anything.
 // Thread-safety: concurrent calls are safe when they write disjoint memory. Rows and panels are
 // split over the kernel thread pool (thread_pool.h) when there is enough work.
@@ -59,7 +60,7 @@ void pack_linear_weight(const PackLinearParams& p);
 // y = x W^T (+ bias), see LinearParams.
 void linear(const LinearParams& p);
 
-// The kernel linear() runs for dtype on this CPU: "avx512", "avx512_bf16" or "generic".
+// The kernel linear() runs for dtype on this CPU: "avx512", "avx512_bf16", "avx2" or "generic".
 const char* linear_kernel(ScalarType dtype);
 
 }  // namespace pagedllm::kernels
