@@ -135,12 +135,12 @@ def pagedllm_vectorised(dtype: torch.dtype) -> bool:
     except ImportError:
         return False
     info = core.build_info()
-    features = set(info["cpu_features"])
-    compiled = set(info["cpu_kernels_compiled"])
+    avx512 = "avx512" in core.cpu_engines()  # compiled in, and this CPU runs it
     if dtype == torch.float32:
-        return "avx512" in compiled and "avx512f" in features
+        return avx512
     if dtype == torch.bfloat16:
-        return "avx512_bf16" in compiled and "avx512bf16" in features
+        return (avx512 and "avx512_bf16" in info["cpu_kernels_compiled"]
+                and "avx512bf16" in info["cpu_features"])
     return False
 
 
