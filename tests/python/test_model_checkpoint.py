@@ -75,7 +75,10 @@ def test_transformers_loads_it(tmp_path):
 
 
 def test_presets_and_argument_checks(tmp_path):
-    assert set(PRESETS) == {"tiny", "small"}
+    assert set(PRESETS) == {"tiny", "small", "1b"}
+    one_b = random_config("1b")  # Llama-3.2-1B's shape
+    assert one_b.tie_word_embeddings and one_b.rope_scaling.rope_type == "llama3"
+    assert 1.23e9 < one_b.num_parameters() < 1.24e9
     assert random_config("tiny", num_key_value_heads=1).num_key_value_heads == 1
     with pytest.raises(ValueError, match="num_shards"):
         write_random_checkpoint(tmp_path, SHAPE, num_shards=0)

@@ -185,16 +185,21 @@ def test_prepack_releases_the_strided_weight(tmp_path, tied, backend, monkeypatc
     packed, _ = load_model(tmp_path, prepack=True)
     names = {n for n, _ in packed.named_parameters()}
     assert not any(n.endswith("proj.weight") or n == "lm_head.weight" for n in names)
-    assert "embed_tokens.weight" in names  # the embedding (and a tied head) stays strided
+    # A tied embedding is packed in pagedllm's layout (it serves the lookup too) unless oneDNN
+    # is asked for everywhere; an untied one stays strided.
+    tied_packed = tied and backend == "pagedllm"
+    assert ("embed_tokens.weight" in names) == (not tied_packed)
     assert all(m.packed.backend == backend for m in packed.modules()
                if getattr(m, "packed", None) is not None)
-    if tied:
+    if tied and not tied_packed:
         assert packed.lm_head is None and packed.lm_head_weight is packed.embed_tokens.weight
     else:
         with pytest.raises(RuntimeError, match="prepacked"):
             packed.lm_head_weight
     h = torch.randn(3, plain.config.hidden_size, generator=torch.Generator().manual_seed(0))
     assert torch.allclose(packed.compute_logits(h), plain.compute_logits(h), rtol=1e-5, atol=1e-5)
+    ids = torch.tensor([0, 5, 17, plain.config.vocab_size - 1, 5])
+    assert torch.equal(packed.embed_tokens(ids), plain.embed_tokens(ids))  # bit-identical rows
     packed_count = sum(1 for m in packed.modules() if getattr(m, "packed", None) is not None)
     assert packed.prepack_weights() == packed_count  # packing twice changes nothing
 
@@ -211,3 +216,38 @@ def test_prepack_leaves_small_weights(tmp_path):
     assert model.prepack_weights() == 0
     assert all(getattr(m, "packed", None) is None for m in model.modules())
     assert any(n.endswith("proj.weight") for n, _ in model.named_parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_features, in_features", [(16, 8), (37, 5), (130, 33), (1, 1)])
+def test_gather_rows_returns_the_weights_rows(dtype, out_features, in_features):
+    # partial last panels, odd K (bf16 pads the last pair), one row: the rows are bit-identical
+    g = torch.Generator().manual_seed(out_features)
+    w = torch.randn(out_features, in_features, generator=g).to(dtype)
+    packed = packed_linear.pack(w, "pagedllm")
+    ids = torch.randint(0, out_features, (50,), generator=g)
+    assert torch.equal(packed_linear.gather_rows(packed, ids), w[ids])
+    assert torch.equal(packed_linear.gather_rows(packed, torch.arange(out_features)), w)
+    assert packed_linear.gather_rows(packed, ids[:0]).shape == (0, in_features)
+
+
+def test_gather_rows_rejects_bad_ids_and_opaque_layouts():
+    packed = packed_linear.pack(torch.randn(20, 8), "pagedllm")
+    for bad in (torch.tensor([0, 20]), torch.tensor([-1])):
+        with pytest.raises(IndexError, match=r"expected ids in \[0, 20\)"):
+            packed_linear.gather_rows(packed, bad)
+    with pytest.raises(ValueError, match="1-D"):
+        packed_linear.gather_rows(packed, torch.zeros(2, 2, dtype=torch.long))
+    if packed_linear.onednn_available():
+        with pytest.raises(ValueError, match="opaque"):
+            packed_linear.gather_rows(packed_linear.pack(torch.randn(20, 8), "onednn"),
+                                      torch.tensor([1]))
+
+
+def test_tied_backend(monkeypatch):
+    monkeypatch.delenv(packed_linear.BACKEND_ENV, raising=False)
+    vector = bool({"avx512", "avx2"} & set(_core.cpu_engines()))
+    assert packed_linear.tied_backend(torch.float32) == ("pagedllm" if vector else None)
+    assert packed_linear.tied_backend(torch.float16) is None
+    monkeypatch.setenv(packed_linear.BACKEND_ENV, "onednn")
+    assert packed_linear.tied_backend(torch.float32) is None

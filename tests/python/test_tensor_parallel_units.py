@@ -139,3 +139,35 @@ def test_parallel_options_from_yaml_and_cli(tmp_path):
     cfg = engine_config(args)
     assert (cfg.tensor_parallel_size, cfg.distributed_executor_backend,
             cfg.distributed_timeout_s) == (4, "mp", 9.0)
+
+
+class _SumComm:
+    """One rank's collectives as identities (the rank's own rows are the whole sum)."""
+
+    rank, world_size = 0, 1
+
+    def all_reduce(self, t):
+        return t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vocab_shard_packed_as_a_tied_head_looks_up_and_multiplies_the_same(monkeypatch, dtype):
+    from pagedllm.model import packed_linear
+    from pagedllm.model.parallel_llama import VocabParallelEmbedding
+
+    if packed_linear.tied_backend(dtype) is None:
+        pytest.skip("no vector tiles for the packed tied head on this CPU")
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_ELEMENTS", 0)
+    g = torch.Generator().manual_seed(0)
+    emb = VocabParallelEmbedding(40, 77, 48, 24, dtype, _SumComm())  # rows [40, 77), padded 48
+    emb.weight.data.copy_(torch.randn(48, 24, generator=g).to(dtype))
+    weight = emb.weight.detach().clone()
+    ids = torch.tensor([3, 40, 41, 76, 77, 100, 60])  # some outside the shard: zero rows
+    hidden = torch.randn(5, 24, generator=g).to(dtype)
+    want_rows, want_logits = emb(ids), emb.logits(hidden)
+    assert emb.pack_tied() and emb.weight is None
+    assert torch.equal(emb(ids), want_rows)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5  # summation order only (bf16: one rounding)
+    torch.testing.assert_close(emb.logits(hidden).float(), want_logits.float(), rtol=tol,
+                               atol=1e-4)
+    assert torch.equal(emb.lookup(torch.tensor([7])), weight[7:8])

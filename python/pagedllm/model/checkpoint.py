@@ -8,6 +8,8 @@ Presets (`PRESETS`), the shapes the benchmarks use:
 
     tiny   hidden 256,  4 layers,  8 heads, 2 KV heads, ffn  688, vocab  4096 (~5.3M params)
     small  hidden 1024, 8 layers, 16 heads, 4 KV heads, ffn 2816, vocab 32000 (~156M params)
+    1b     Llama-3.2-1B's shape: hidden 2048, 16 layers, 32 heads, 8 KV heads, ffn 8192,
+           vocab 128256, tied embeddings, llama3 RoPE (theta 500000) (~1.24B params)
 
 Initialisation: linear and embedding weights ~ N(0, initializer_range), as transformers
 initialises them; biases ~ N(0, initializer_range) and RMSNorm weights ~ 1 + N(0,
@@ -50,6 +52,14 @@ PRESETS: dict[str, dict[str, Any]] = {
              "num_key_value_heads": 2, "intermediate_size": 688, "vocab_size": 4096},
     "small": {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
               "num_key_value_heads": 4, "intermediate_size": 2816, "vocab_size": 32000},
+    # The 1B-class size users run (Llama-3.2-1B's config.json, max positions cut to 8192).
+    "1b": {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
+           "tie_word_embeddings": True, "rope_theta": 500000.0,
+           "max_position_embeddings": 8192,
+           "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192}},
 }
 
 _FILE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

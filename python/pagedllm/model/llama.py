@@ -83,15 +83,43 @@ def prepack_linears(root: nn.Module, dtype: torch.dtype) -> int:
 
 
 class Embedding(nn.Module):
-    """Row lookup in weight [vocab_size, hidden_size] (uninitialised)."""
+    """Row lookup in weight [vocab_size, hidden_size] (uninitialised).
+
+    A tied embedding doubles as the lm_head: `pack_tied()` moves the matrix into pagedllm's GEMM
+    layout once (the strided copy is released, `weight` is then None); the lookup then gathers
+    its rows from the panels and `logits` multiplies against them.
+    """
 
     def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = _param(vocab_size, hidden_size, dtype=dtype)
+        self.packed: Optional[packed_linear.PackedWeight] = None
+
+    def pack_tied(self) -> bool:
+        """Packs the matrix for its use as a tied lm_head (packed_linear.tied_backend decides
+        whether that runs here). Returns whether it is packed."""
+        if (self.packed is None and packed_linear.worth_packing(self.weight)
+                and packed_linear.tied_backend(self.weight.dtype) is not None):
+            self.packed = packed_linear.pack(self.weight.data, "pagedllm")
+            self.weight = None
+        return self.packed is not None
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` ([n] int64) of the matrix: [n, hidden_size]."""
+        if self.packed is not None:
+            return packed_linear.gather_rows(self.packed, ids)
+        return F.embedding(ids, self.weight)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         # ids: [n] int64 -> [n, hidden_size]
-        return F.embedding(ids, self.weight)
+        return self.lookup(ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [n, hidden_size] @ weight.T: [n, vocab_size] in the model dtype (the tied
+        lm_head)."""
+        if self.packed is not None:
+            return packed_linear.linear(hidden, self.packed, None)
+        return F.linear(hidden, self.weight)
 
 
 class RMSNorm(nn.Module):
@@ -247,24 +275,28 @@ class LlamaForCausalLM(nn.Module):
         Raises:
             RuntimeError: lm_head was prepacked (its weight exists only in the packed layout).
         """
-        if self.lm_head is None:
-            return self.embed_tokens.weight
-        if self.lm_head.packed is not None:
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        if head.packed is not None:
             raise RuntimeError("lm_head is prepacked: its weight has no strided copy")
-        return self.lm_head.weight
+        return head.weight
 
     def prepack_weights(self) -> int:
         """Moves every projection weight into its GEMM kernel's layout (CPU fast path:
         packed_linear chooses pagedllm's kernels or oneDNN's).
 
-        A tied lm_head stays strided: packing it would need a second copy of the embedding;
-        so do weights too small to gain (packed_linear.MIN_PACKED_ELEMENTS).
+        A tied embedding is packed once in pagedllm's layout and serves both the lookup and the
+        lm_head (Embedding.pack_tied; packed_linear.tied_backend says where that runs). Weights
+        too small to gain stay strided (packed_linear.MIN_PACKED_ELEMENTS).
         Returns:
-            How many linear layers are packed (0 when no backend runs here).
+            How many linear layers (a tied lm_head counted once) are packed (0 when no backend
+            runs here).
         Raises:
             ValueError: the model's dtype cannot be packed.
         """
-        return prepack_linears(self, self.dtype)
+        packed = prepack_linears(self, self.dtype)
+        if self.lm_head is None and self.embed_tokens.pack_tied():
+            packed += 1
+        return packed
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -333,4 +365,4 @@ class LlamaForCausalLM(nn.Module):
         """
         if self.lm_head is not None:
             return self.lm_head(hidden).float()
-        return F.linear(hidden, self.embed_tokens.weight).float()
+        return self.embed_tokens.logits(hidden).float()

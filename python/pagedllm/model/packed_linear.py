@@ -56,6 +56,9 @@ MIN_PACKED_ELEMENTS = 1 << 16
 # engine whose step sizes vary from 1 to thousands of tokens reuses a few hundred primitives.
 EXACT_ROWS = 16
 
+# Output columns per panel of the "pagedllm" layout (kLinearPanel in pagedllm/kernels/linear.h).
+PANEL = 16
+
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
@@ -213,6 +216,67 @@ def pack(weight: torch.Tensor, backend: Optional[str] = None) -> PackedWeight:
         data = torch.empty(n, dtype=weight.dtype)
         core.pack_linear_weight(data, weight.contiguous())
     return PackedWeight(backend, data, out_features, in_features)
+
+
+def tied_backend(dtype: torch.dtype) -> Optional[str]:
+    """The backend that packs a tied embedding / lm_head matrix of dtype, or None (it stays
+    strided).
+
+    Only "pagedllm"'s panels can also serve the embedding lookup (`gather_rows`), so a tied
+    matrix is packed there whenever `_core.linear` has vector tiles on this CPU (AVX-512 or
+    AVX2), whichever backend the other projections use, unless PAGEDLLM_LINEAR=onednn asks for
+    oneDNN everywhere. Packing it elsewhere would need a second copy of the embedding; left
+    strided, the lm_head runs through F.linear, which re-blocks the whole [vocab, hidden]
+    matrix on every call (4-5x slower at decode sizes on a 128k vocabulary).
+
+    Args:
+        dtype: the model dtype.
+    Returns:
+        "pagedllm" or None.
+    """
+    if dtype not in PACKABLE_DTYPES:
+        return None
+    if os.environ.get(BACKEND_ENV, "auto").strip().lower() == "onednn":
+        return None
+    try:
+        engines = _core_module().cpu_engines()
+    except ImportError:
+        return None
+    return "pagedllm" if {"avx512", "avx2"} & set(engines) else None
+
+
+def gather_rows(packed: PackedWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of the weight [out_features, in_features] that `packed` holds (an embedding
+    lookup served from the "pagedllm" layout, so a tied matrix needs no strided copy).
+
+    Args:
+        packed: a "pagedllm" PackedWeight.
+        ids: [n] integer row indices in [0, out_features).
+    Returns:
+        [n, in_features], the weight's dtype, bit-identical to weight[ids].
+    Raises:
+        ValueError: a oneDNN-packed weight (its layout is opaque) or ids that are not 1-D.
+        IndexError: an id outside [0, out_features).
+    """
+    if packed.backend != "pagedllm":
+        raise ValueError(f"gather_rows: a {packed.backend!r} packed weight has an opaque layout; "
+                         f"expected one packed by 'pagedllm'")
+    if ids.dim() != 1:
+        raise ValueError(f"gather_rows: ids {list(ids.shape)}: expected a 1-D index vector")
+    k = packed.in_features
+    if ids.numel() == 0:
+        return packed.data.new_empty((0, k))
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= packed.out_features:
+        raise IndexError(f"embedding ids span [{lo}, {hi}]: expected ids in "
+                         f"[0, {packed.out_features})")
+    pair = 2 if packed.dtype == torch.bfloat16 else 1
+    depth = -(-k // pair)
+    # [panels, depth, 16, pair]: column c of panel p is weight row 16 p + c (see linear.h)
+    panels = packed.data.view(-1, depth, PANEL, pair)
+    ids = ids.long()
+    rows = panels[ids // PANEL, :, ids % PANEL, :]  # [n, depth, pair]
+    return rows.reshape(ids.shape[0], depth * pair)[:, :k]
 
 
 def linear(x: torch.Tensor, packed: PackedWeight, bias: Optional[torch.Tensor]) -> torch.Tensor:

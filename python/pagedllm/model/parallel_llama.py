@@ -72,7 +72,7 @@ class VocabParallelEmbedding(Embedding):
         # ids: [n] int64 (global) -> [n, hidden_size]
         outside = (ids < self.start) | (ids >= self.end)
         local = (ids - self.start).masked_fill_(outside, 0)
-        x = F.embedding(local, self.weight)
+        x = self.lookup(local)
         x.masked_fill_(outside.unsqueeze(1), 0.0)
         self.comm.all_reduce(x)
         return x
@@ -121,9 +121,8 @@ class ParallelLlamaForCausalLM(LlamaForCausalLM):
             rank 0: logits [n, vocab_size] float32; other ranks: an empty [n, 0] float32 tensor
             (they take part in the gather and sample nothing).
         """
-        weight = self.embed_tokens.weight if self.lm_head is None else None
-        local = (F.linear(hidden, weight) if weight is not None
-                 else self.lm_head(hidden)).float()          # [n, padded]
+        head = self.embed_tokens.logits if self.lm_head is None else self.lm_head
+        local = head(hidden).float()                           # [n, padded]
         full: Optional[torch.Tensor] = self.comm.gather_last_dim(local)
         if full is None:
             return local.new_empty((hidden.shape[0], 0))
