@@ -52,9 +52,12 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 BIG_BLOCK = 128  # pagedllm is also timed at vLLM's CPU default block (longer contiguous runs)
 # storage: (cache tensor dtype, kv_cache_dtype, query dtype). fp8 is timed with a bf16 query (a
 # bf16 model's, and what vLLM's peer case uses: "auto" then decodes with bf16 dot products where
-# the CPU has them) and again with a float32 one (an fp32 model's: the exact engine).
+# the CPU has them) and again with a float32 one (an fp32 model's: the exact engine); bf16 caches
+# likewise ("bf16_fp32q": an fp32 model with kv_cache_dtype="bf16"; the peer's case for it is its
+# bf16 one, a bf16 query).
 STORAGE = {"fp32": (torch.float32, "auto", torch.float32),
            "bf16": (torch.bfloat16, "auto", torch.bfloat16),
+           "bf16_fp32q": (torch.bfloat16, "bf16", torch.float32),
            "fp8": (torch.uint8, "fp8", torch.bfloat16),
            "fp8_fp32q": (torch.uint8, "fp8", torch.float32)}
 MAX_TOKENS = 65536  # batch * context cap: keeps fp32 K/V + its contiguous copy near 1 GiB
@@ -178,8 +181,9 @@ def decode_kernel(storage: str) -> str:
 
 
 def peer_storage(storage: str) -> str:
-    """The peer's name for a storage case: its fp8 case (always a bf16 query) for both of ours."""
-    return "fp8" if storage.startswith("fp8") else storage
+    """The peer's name for a storage case: its fp8 / bf16 case (always a bf16 query) for both of
+    ours."""
+    return "fp8" if storage.startswith("fp8") else storage.removesuffix("_fp32q")
 
 
 def paired_frac(kv_bytes: int, times: list, probes: list) -> float:
