@@ -117,9 +117,28 @@ TEST_P(Linear, MatchesFloat64AtEveryTileShape) {
       {1, 1, 1, false},    {1, 16, 32, true},   {2, 17, 31, false}, {3, 33, 64, true},
       {4, 64, 5, false},   {5, 80, 100, true},  {6, 100, 48, false}, {7, 129, 33, true},
       {16, 256, 96, false}, {47, 70, 64, true}, {49, 48, 40, false}, {130, 300, 24, true},
+      // long K: odd K in bfloat16 (1025: 513 pairs), K 8192 (an item's panels exceed L2)
+      {7, 40, 600, true},  {16, 70, 513, false}, {100, 33, 1031, true}, {13, 20, 1025, false},
+      {12, 17, 8192, false},
   };
   for (pk::ScalarType dt : {pk::ScalarType::kFloat32, pk::ScalarType::kBFloat16}) {
     for (const Case& c : cases) check(dt, c);
+  }
+}
+
+// A row's sums run in k order whatever tile it lands in: a row of a 16-row call (tiles of 6, 5
+// and 5 rows) is bit-identical to the same row alone.
+TEST_P(Linear, ARowIsTheSameInAnyTile) {
+  const int R = 16, N = 36, K = 777;
+  for (pk::ScalarType dt : {pk::ScalarType::kFloat32, pk::ScalarType::kBFloat16}) {
+    const std::vector<float> x = bf16_values(randn(size_t(R) * K, 5)),
+                             w = bf16_values(randn(size_t(N) * K, 6, 0.1f));
+    const std::vector<float> all = run_linear(dt, x, K, w, nullptr, R, N, K, N, 0.0f);
+    for (int r = 0; r < R; r += 5) {
+      const std::vector<float> row(x.begin() + size_t(r) * K, x.begin() + size_t(r + 1) * K);
+      const std::vector<float> one = run_linear(dt, row, K, w, nullptr, 1, N, K, N, 0.0f);
+      for (int n = 0; n < N; ++n) ASSERT_EQ(one[n], all[size_t(r) * N + n]) << "row " << r << " col " << n;
+    }
   }
 }
 
