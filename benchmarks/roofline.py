@@ -32,12 +32,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 
+from benchmarks.common import median_time
 from benchmarks.workloads import (MIXED, BenchRequest, long_prompt_workload, mixed_workload,
                                   uniform_workload)
 
@@ -93,16 +93,6 @@ def floor_s(cfg, reqs: List[BenchRequest], dtype: str, peak_flops: float,
             "bound": "compute" if compute >= stream else "bandwidth"}
 
 
-def _median_s(fn, rounds: int) -> float:
-    fn()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def peak_flops(dtype: str, rounds: int = 5) -> Dict[str, float]:
     """FLOP/s of this machine's GEMMs in dtype, every thread: a 2048^3 torch.mm and pagedllm's
     packed GEMM at 1024 rows of a 2048 x 2048 weight (where `_core.linear` runs).
@@ -115,13 +105,13 @@ def peak_flops(dtype: str, rounds: int = 5) -> Dict[str, float]:
     a = torch.randn(2048, 2048, generator=g).to(dt)
     b = torch.randn(2048, 2048, generator=g).to(dt)
     flops = 2.0 * 2048 ** 3
-    out = {"torch_mm": flops / _median_s(lambda: torch.mm(a, b), rounds), "pagedllm": 0.0}
+    out = {"torch_mm": flops / median_time(lambda: torch.mm(a, b), rounds), "pagedllm": 0.0}
     try:
         from pagedllm.model import packed_linear
 
         w = packed_linear.pack(b, "pagedllm")
         x = a[:1024].contiguous()
-        out["pagedllm"] = flops / 2 / _median_s(lambda: packed_linear.linear(x, w, None), rounds)
+        out["pagedllm"] = flops / 2 / median_time(lambda: packed_linear.linear(x, w, None), rounds)
     except (ImportError, ValueError):
         pass
     out["peak"] = max(out["torch_mm"], out["pagedllm"])
@@ -133,7 +123,7 @@ def read_bandwidth(rounds: int = 5) -> float:
     from pagedllm import _core
 
     buf = torch.ones(1 << 28)
-    return buf.numel() * 4 / _median_s(lambda: _core.stream_read_sum(buf), rounds)
+    return buf.numel() * 4 / median_time(lambda: _core.stream_read_sum(buf), rounds)
 
 
 def _workloads(model: dict, vocab: int) -> Dict[str, List[BenchRequest]]:
