@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_engine_test.h"
@@ -120,6 +121,9 @@ TEST_P(Linear, MatchesFloat64AtEveryTileShape) {
       // long K: odd K in bfloat16 (1025: 513 pairs), K 8192 (an item's panels exceed L2)
       {7, 40, 600, true},  {16, 70, 513, false}, {100, 33, 1031, true}, {13, 20, 1025, false},
       {12, 17, 8192, false},
+      // 7-8 rows at K >= 1024: the tall tile (one tile of all rows per 2 panels; 3 and 5
+      // panels leave one alone), also as the last 8-row block after a 96-row one
+      {7, 40, 1030, true}, {8, 70, 1025, false}, {8, 16, 2048, true}, {104, 35, 1024, false},
   };
   for (pk::ScalarType dt : {pk::ScalarType::kFloat32, pk::ScalarType::kBFloat16}) {
     for (const Case& c : cases) check(dt, c);
@@ -127,17 +131,21 @@ TEST_P(Linear, MatchesFloat64AtEveryTileShape) {
 }
 
 // A row's sums run in k order whatever tile it lands in: a row of a 16-row call (tiles of 6, 5
-// and 5 rows) is bit-identical to the same row alone.
+// and 5 rows) or of an 8-row one (the tall tile) is bit-identical to the same row alone.
 TEST_P(Linear, ARowIsTheSameInAnyTile) {
-  const int R = 16, N = 36, K = 777;
-  for (pk::ScalarType dt : {pk::ScalarType::kFloat32, pk::ScalarType::kBFloat16}) {
-    const std::vector<float> x = bf16_values(randn(size_t(R) * K, 5)),
-                             w = bf16_values(randn(size_t(N) * K, 6, 0.1f));
-    const std::vector<float> all = run_linear(dt, x, K, w, nullptr, R, N, K, N, 0.0f);
-    for (int r = 0; r < R; r += 5) {
-      const std::vector<float> row(x.begin() + size_t(r) * K, x.begin() + size_t(r + 1) * K);
-      const std::vector<float> one = run_linear(dt, row, K, w, nullptr, 1, N, K, N, 0.0f);
-      for (int n = 0; n < N; ++n) ASSERT_EQ(one[n], all[size_t(r) * N + n]) << "row " << r << " col " << n;
+  const int N = 36;
+  for (const auto& [R, K] : {std::pair{16, 777}, std::pair{8, 1100}}) {
+    for (pk::ScalarType dt : {pk::ScalarType::kFloat32, pk::ScalarType::kBFloat16}) {
+      const std::vector<float> x = bf16_values(randn(size_t(R) * K, 5)),
+                               w = bf16_values(randn(size_t(N) * K, 6, 0.1f));
+      const std::vector<float> all = run_linear(dt, x, K, w, nullptr, R, N, K, N, 0.0f);
+      for (int r = 0; r < R; r += 5) {
+        const std::vector<float> row(x.begin() + size_t(r) * K, x.begin() + size_t(r + 1) * K);
+        const std::vector<float> one = run_linear(dt, row, K, w, nullptr, 1, N, K, N, 0.0f);
+        for (int n = 0; n < N; ++n) {
+          ASSERT_EQ(one[n], all[size_t(r) * N + n]) << R << " rows, row " << r << " col " << n;
+        }
+      }
     }
   }
 }

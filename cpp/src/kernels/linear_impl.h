@@ -14,6 +14,8 @@ namespace pagedllm::kernels {
 constexpr int kLinearPanel = 16;      // output columns per packed panel (one zmm of float32)
 constexpr int kLinearTileRows = 6;    // rows of a register tile (6 x 4 panels = 24 accumulators)
 constexpr int kLinearTilePanels = 4;  // panels of a register tile
+constexpr int kLinearTallRows = 8;      // blocks of 7-8 rows run as one tall tile per 2 panels
+constexpr int kLinearTallMinK = 1024;   // ... when in_features is at least this (linear_tiles_impl.h)
 
 // Rows [row0, row0 + rows) x panels [panel0, panel0 + panels) of y = x W^T (+ bias), in register
 // tiles of at most kLinearTileRows x kLinearTilePanels; the caller validated p.

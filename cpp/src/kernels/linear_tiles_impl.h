@@ -17,6 +17,7 @@
 // 6 + 5 + 5), each against the block's up to 4 panels: per depth step 4 weight vectors are
 // loaded once and each row's x element is broadcast into 4 multiply-adds (24 accumulators).
 // A tile's weight vectors stream from memory once; the block's later tiles read them from L2.
+// A block of 7-8 rows at K >= 1024 is one tile of all its rows per 2 panels instead (tall_tile).
 
 template <int MR, int NR>
 void tile(const LinearParams& p, int64_t row0, int64_t panel0) {
@@ -70,7 +71,33 @@ void tile_rows(const LinearParams& p, int64_t row0, int64_t panel0, int panels) 
   }
 }
 
+// 7-8 rows at K >= 1024: one tile of all of them per 2 panels (at most 16 accumulators), so each
+// weight vector is read once, by a single pass, where tiles of up to 6 rows would stream the
+// block's weights from memory in the first tile and read them again from L2 in the second, one
+// pass after the other. Measured in one process against the 6-row tiles (2-core Zen 4, weights
+// in DRAM; docs/BENCHMARKS.md): 1.0-1.22x on the "small" and "1b" projections at 7-8 rows; at
+// 10-12 rows the tall tile was slower (0.76-1.10x: bound by its broadcasts), and at K 256-688
+// ("tiny") 0.89-1.15x.
+template <int NR>
+void tall_tile(const LinearParams& p, int rows, int64_t row0, int64_t panel0) {
+  if (rows == 7) {
+    tile<7, NR>(p, row0, panel0);
+  } else {
+    tile<8, NR>(p, row0, panel0);
+  }
+}
+
 void block(const LinearParams& p, int64_t row0, int rows, int64_t panel0, int panels) {
+  if (rows > kLinearTileRows && rows <= kLinearTallRows && p.in_features >= kLinearTallMinK) {
+    for (int j = 0; j < panels; j += 2) {
+      if (panels - j >= 2) {
+        tall_tile<2>(p, rows, row0, panel0 + j);
+      } else {
+        tall_tile<1>(p, rows, row0, panel0 + j);
+      }
+    }
+    return;
+  }
   const int tiles = (rows + kLinearTileRows - 1) / kLinearTileRows;
   int r = 0;
   for (int t = 0; t < tiles; ++t) {
