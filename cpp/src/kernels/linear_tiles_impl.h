@@ -75,9 +75,9 @@ void tile_rows(const LinearParams& p, int64_t row0, int64_t panel0, int panels) 
 // weight vector is read once, by a single pass, where tiles of up to 6 rows would stream the
 // block's weights from memory in the first tile and read them again from L2 in the second, one
 // pass after the other. Measured in one process against the 6-row tiles (2-core Zen 4, weights
-// in DRAM; docs/BENCHMARKS.md): 1.0-1.22x on the "small" and "1b" projections at 7-8 rows; at
-// 10-12 rows the tall tile was slower (0.76-1.10x: bound by its broadcasts), and at K 256-688
-// ("tiny") 0.89-1.15x.
+// in DRAM; docs/BENCHMARKS.md): 0.95-1.22x, median 1.08x, on the "small" and "1b" projections at
+// 7-8 rows; at 10-12 rows the tall tile was slower (0.76-1.10x: bound by its broadcasts), and at
+// K 256-688 ("tiny") 0.89-1.15x.
 template <int NR>
 void tall_tile(const LinearParams& p, int rows, int64_t row0, int64_t panel0) {
   if (rows == 7) {
