@@ -167,8 +167,6 @@ def analyse(results: dict, peak: float, bandwidth: float) -> List[dict]:
         cfg = random_config(preset)
         dtype = model["pagedllm_config"]["dtype"]
         for name, reqs in _workloads(model, cfg.vocab_size).items():
-            if name == "mixed" and len(reqs) != model["mixed_requests_run"].get("pagedllm"):
-                continue
             fl = workload_flops(cfg, reqs)
             floor = floor_s(cfg, reqs, dtype, peak, bandwidth)
             secs = _elapsed(model, name)

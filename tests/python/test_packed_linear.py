@@ -251,3 +251,6 @@ def test_tied_backend(monkeypatch):
     assert packed_linear.tied_backend(torch.float16) is None
     monkeypatch.setenv(packed_linear.BACKEND_ENV, "onednn")
     assert packed_linear.tied_backend(torch.float32) is None
+    monkeypatch.setenv(packed_linear.BACKEND_ENV, "mkl")  # read as choose_backend reads it
+    with pytest.raises(ValueError, match="PAGEDLLM_LINEAR='mkl'"):
+        packed_linear.tied_backend(torch.float32)

@@ -155,6 +155,19 @@ def _has_amx() -> bool:
         return False
 
 
+def _env_choice() -> str:
+    """PAGEDLLM_LINEAR as "auto", "pagedllm" or "onednn" (unset or empty: "auto").
+
+    Raises:
+        ValueError: any other value.
+    """
+    choice = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    if choice not in ("auto",) + BACKENDS:
+        raise ValueError(f"{BACKEND_ENV}={os.environ[BACKEND_ENV]!r}: expected auto, pagedllm "
+                         f"or onednn")
+    return choice
+
+
 def choose_backend(dtype: torch.dtype) -> Optional[str]:
     """The backend `pack` uses for weights of dtype by default.
 
@@ -167,10 +180,7 @@ def choose_backend(dtype: torch.dtype) -> Optional[str]:
         ValueError: PAGEDLLM_LINEAR holds something other than auto, pagedllm or onednn, or
             names a backend this process cannot run.
     """
-    choice = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
-    if choice not in ("auto",) + BACKENDS:
-        raise ValueError(f"{BACKEND_ENV}={os.environ[BACKEND_ENV]!r}: expected auto, pagedllm "
-                         f"or onednn")
+    choice = _env_choice()
     if choice == "onednn" and not onednn_available():
         raise ValueError(f"{BACKEND_ENV}=onednn: this torch build has no prepacked oneDNN linear")
     if choice == "pagedllm":
@@ -233,10 +243,10 @@ def tied_backend(dtype: torch.dtype) -> Optional[str]:
         dtype: the model dtype.
     Returns:
         "pagedllm" or None.
+    Raises:
+        ValueError: PAGEDLLM_LINEAR holds something other than auto, pagedllm or onednn.
     """
-    if dtype not in PACKABLE_DTYPES:
-        return None
-    if os.environ.get(BACKEND_ENV, "auto").strip().lower() == "onednn":
+    if dtype not in PACKABLE_DTYPES or _env_choice() == "onednn":
         return None
     try:
         engines = _core_module().cpu_engines()
