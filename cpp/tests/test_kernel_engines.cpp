@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "pagedllm/build_info.h"
 #include "pagedllm/kernels/convert.h"
 #include "pagedllm/kernels/kernels.h"
 
@@ -111,8 +112,10 @@ struct Cache {
   // Per-element error bound of the avx512_bf16 engine (query and probabilities rounded to
   // bf16, u = 2^-8; derivation in tests/python/bf16_dot_reference.py): 1.25 x
   // sum_t w_t (E_t + E_bar + 2u) (|v_td| + |ref_d|), E_t = u * scale * sum_d |q_d k_td|.
+  // exact_scores: the query is exact in bf16 and the scores are exact products summed in fp32
+  // (E_t = 0): only the probabilities' rounding is left.
   std::vector<double> bf16_bound(const float* q, int s, int h, int limit,
-                                 const std::vector<double>& ref) const {
+                                 const std::vector<double>& ref, bool exact_scores = false) const {
     const int g = h / (heads / kvh);
     const double u = 1.0 / 256.0, scale = 1.0 / std::sqrt(static_cast<double>(hd));
     std::vector<double> scores(limit), err(limit), bound(hd, 0.0);
@@ -125,7 +128,7 @@ struct Cache {
         mag += std::abs(q[d] * kd);
       }
       scores[t] = dot * scale;
-      err[t] = u * scale * mag;
+      err[t] = exact_scores ? 0.0 : u * scale * mag;
       m = std::max(m, scores[t]);
     }
     for (int t = 0; t < limit; ++t) sum += std::exp(scores[t] - m);
@@ -346,4 +349,87 @@ TEST(AutoEngine, Bf16QueryOnFp8UsesBf16DotProducts) {
   EXPECT_EQ(run("auto", true), run("avx512_bf16", true));
   EXPECT_NE(run("auto", true), run("avx512", true));
   EXPECT_EQ(run("auto", false), run("avx512", false));
+}
+
+// A bf16 model's prefill under "auto" on a bf16 or fp8 cache, where the CPU has AVX512_BF16:
+// the avx512 tile rounds the probabilities to bf16 and multiplies them by V in vdpbf16ps (two
+// tokens per multiply-add; AttendTask::bf16_probs). Checked at the bound with exact scores plus
+// the output's rounding; head_dim 32, 48 and 64 (narrow and 4-vector value tiles); chunks that
+// start at odd positions, so row vectors end on the first token of a pair, whose partner is
+// then poisoned with NaN (GQA group 4: 4 tokens a row vector): no row that does not see it may
+// read it. (A row vector's rows share its tokens, exact engine and pairs alike: with group 1 a
+// NaN a later row sees reaches the earlier rows of its 16 too.) A named engine stays exact.
+TEST(AutoEngine, Bf16ModelPrefillRoundsProbabilitiesInPairs) {
+  for (pk::CacheType ct : {pk::CacheType::kBFloat16, pk::CacheType::kFp8E4M3}) {
+    for (auto [heads, kvh, hd] : {std::tuple{8, 2, 32}, std::tuple{16, 4, 64},
+                                  std::tuple{4, 4, 48}}) {
+      // Sequence 0: 40 new tokens after 41 (odd offset); 1: a whole 70-token prompt; 2: 9 new
+      // tokens after 24.
+      Cache c(ct, kvh, heads, hd, 16, {81, 70, 33});
+      const std::vector<int32_t> cu = {0, 40, 110, 119};
+      // Token 49 of sequence 0: past every row of the tokens at positions 41..48.
+      const int poisoned = heads / kvh == 4 ? 49 : 1 << 30;
+      if (heads / kvh == 4) {
+        const int b = c.tables[poisoned / c.bs];
+        for (int g = 0; g < kvh; ++g)
+          for (int d = 0; d < hd; ++d) {
+            const int64_t i = ((static_cast<int64_t>(b) * kvh + g) * c.bs + poisoned % c.bs) * hd + d;
+            pk::store_cache_scalar(c.v.data(), ct, i, NAN);
+          }
+      }
+      const int tokens = cu.back();
+      const size_t elems = static_cast<size_t>(tokens) * heads * hd;
+      std::vector<float> qf(elems);
+      std::vector<uint16_t> qb(elems);
+      std::mt19937 rng(7);
+      std::normal_distribution<float> n01;
+      for (size_t i = 0; i < elems; ++i) {
+        qb[i] = pk::float_to_bf16(n01(rng));
+        qf[i] = pk::bf16_to_float(qb[i]);
+      }
+      const auto run = [&](const char* engine) {
+        pk::set_cpu_engine(engine);
+        std::vector<uint16_t> ob(elems, 0x7FC0);
+        std::vector<float> of(elems, NAN);
+        pk::AttentionParams p = c.params(of.data(), qf.data(), tokens);
+        p.query = qb.data();
+        p.out = ob.data();
+        p.dtype = pk::ScalarType::kBFloat16;
+        p.cu_seqlens_q = cu.data();
+        pk::paged_attention_prefill(p);
+        pk::set_cpu_engine("auto");
+        std::vector<float> r(elems);
+        for (size_t i = 0; i < elems; ++i) r[i] = pk::bf16_to_float(ob[i]);
+        return r;
+      };
+      const std::vector<float> out = run("auto");
+      const std::string what = std::string(pk::cache_type_name(ct)) + " hd " + std::to_string(hd);
+      for (size_t s = 0; s + 1 < cu.size(); ++s) {
+        const int q_len = cu[s + 1] - cu[s];
+        for (int i = 0; i < q_len; ++i) {
+          const int limit = c.lens[s] - q_len + i + 1;
+          for (int h = 0; h < heads; ++h) {
+            const size_t row = (static_cast<size_t>(cu[s] + i) * heads + h) * hd;
+            const std::string where = what + " seq " + std::to_string(s) + " token " +
+                                      std::to_string(i) + " head " + std::to_string(h);
+            if (s == 0 && limit > poisoned) {  // sees the NaN value: NaN out
+              ASSERT_TRUE(std::isnan(out[row])) << where;
+              continue;
+            }
+            const std::vector<double> ref = c.reference(qf.data() + row, static_cast<int>(s), h,
+                                                        limit);
+            std::vector<double> bound =
+                c.bf16_bound(qf.data() + row, static_cast<int>(s), h, limit, ref, true);
+            for (int d = 0; d < hd; ++d) bound[d] += std::abs(ref[d]) / 256.0;  // bf16 output
+            expect_close(out.data() + row, ref, where, &bound);
+          }
+        }
+      }
+      const auto ok = pk::available_cpu_engines();
+      if (std::find(ok.begin(), ok.end(), "avx512") != ok.end() &&
+          pagedllm::cpu_features().avx512bf16) {
+        EXPECT_NE(run("avx512"), out) << what << ": auto should round the probabilities";
+      }
+    }
+  }
 }

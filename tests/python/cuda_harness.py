@@ -10,6 +10,8 @@ the CUDA kernels. Error bounds per element, with u_x the unit roundoff of type x
     query exactly as the kernel rounds it (q * scale [* k_scale], rounded to the operand type),
     and the probabilities' rounding to the operand type adds at most u_op max|v|:
       |out - ref| <= u_out |ref| + 2 u_op max|v| + 2e-5 max(1, max|ref|)
+  * the CPU prefill of a bf16 model on bf16 / fp8 caches with AVX512_BF16 (cpu_prob_dtype):
+    exact scores, probabilities rounded to bf16: the same bound with u_op = u_bf16
 """
 
 from __future__ import annotations
@@ -62,6 +64,21 @@ def operand_dtype(backend: Backend, kv_dtype: str, act: torch.dtype, group: int)
     if storage == torch.float32 or group > 64:
         return None
     return torch.bfloat16 if storage == torch.bfloat16 else torch.float16
+
+
+def cpu_prob_dtype(kv_dtype: str, act: torch.dtype, head_dim: int):
+    """The dtype the CPU prefill rounds its probabilities to for p.v, or None (exact).
+
+    bf16 for a bf16 query (a bf16 model's) on a bf16 or fp8 cache, head_dim a multiple of 16,
+    on the avx512 engine of a CPU with AVX512_BF16 (engine_prefill_impl.h; under "auto" only,
+    which the bound here need not tell apart: it only widens). The scores stay exact, so the
+    reference query does not change; the bound gains 2 u_bf16 max|v|.
+    """
+    storage = storage_torch_dtype(kv_dtype, act)
+    rounds = (act == torch.bfloat16 and storage in (torch.bfloat16, torch.uint8)
+              and head_dim % 16 == 0 and _core.get_cpu_engine() == "avx512"
+              and "avx512bf16" in _core.build_info()["cpu_features"])
+    return torch.bfloat16 if rounds else None
 
 
 def bound(ref: torch.Tensor, out_dtype: torch.dtype, op_dtype, vmax: float) -> torch.Tensor:
@@ -170,14 +187,15 @@ def run_prefill(backend: Backend, gen, lens, q_lens, heads, kvh, head_dim, block
         pos = torch.arange(length - q_len, length)
         refs[a:e] = attention_ref(q_ref[a:e], kv.k_full[s], kv.v_full[s], ref_scale, pos)
         vmax = max(vmax, kv.v_full[s].abs().max().item())
-    b = bound(refs, act, op, vmax)
+    cpu_probs = cpu_prob_dtype(kv_dtype, act, head_dim)
+    b = bound(refs, act, op if backend.is_cuda else cpu_probs, vmax)
     assert_within(out, refs, b, "prefill vs float64")
     if backend.is_cuda:
         cpu_out = torch.full_like(q_cpu, float("nan"))
         _core.paged_attention_prefill(cpu_out, q_cpu, kv.key_cache, kv.value_cache,
                                       kv.block_tables, cu, kv.context_lens, scale, kv_dtype,
                                       k_scale, v_scale)
-        cpu_bound = bound(cpu_out.to(torch.float64), act, None, 0.0)
+        cpu_bound = bound(cpu_out.to(torch.float64), act, cpu_probs, vmax)
         if op is not None:  # the CPU kernel uses the unrounded query
             cpu_bound = cpu_bound + UNIT_ROUNDOFF[str(op).removeprefix("torch.")] * 4 * (
                 q_cpu.abs().max().item() * scale * head_dim ** 0.5) * vmax

@@ -1,10 +1,16 @@
-"""Which engine "auto" decodes on: the best exact one, except a bf16 query on an fp8 cache.
+"""Which engine "auto" decodes on: the best exact one, except a bf16 query on an fp8 cache;
+and how "auto" prefills a bf16 model.
 
 A bf16 query (a bf16 model's) is exact in bf16, so on fp8 caches "auto" takes the avx512_bf16
 engine's dot products where the CPU has them (only the probabilities are rounded to bf16, as a
 bf16 model's attention rounds them). Everything else, and every engine named by
 set_cpu_engine / PAGEDLLM_CPU_ENGINE, decodes as that engine does. Checked bit for bit against
 the engines forced by name, and against the float64 reference at each engine's bound.
+
+Prefill of a bf16 query on a bf16 or fp8 cache under "auto", on a CPU with AVX512_BF16: the
+avx512 tile rounds the probabilities to bf16 and multiplies them by V with vdpbf16ps too (head
+dims that are multiples of 16); checked at the bound with exact scores. A named engine stays
+exact.
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from pagedllm import _core
 from test_kernels_attention import assert_close
 
 HAS_BF16_DOT = "avx512_bf16" in _core.cpu_engines()
+# The avx512 engine's prefill tile takes vdpbf16ps with AVX512_BF16 alone.
+HAS_BF16_TILE = ("avx512" in _core.cpu_engines()
+                 and "avx512bf16" in _core.build_info()["cpu_features"])
 LENS = [1, 17, 300, 2100]  # 2100 at batch 4: split-K partitions on 2+ threads
 
 
@@ -96,3 +105,51 @@ def test_head_dims_the_bf16_kernel_does_not_take_stay_exact():
     q = torch.randn((2, 8, 48), generator=gen).to(torch.bfloat16)
     assert torch.equal(decode(kv, q, "fp8_e4m3", "auto"),
                        decode(kv, q, "fp8_e4m3", best_exact()))
+
+
+def prefill(kv, q, cu, kv_dtype, engine, k_scale, v_scale):
+    """paged_attention_prefill under `engine`; out [tokens, heads, hd]."""
+    _core.set_cpu_engine(engine)
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype)
+    _core.paged_attention_prefill(out, q, kv.key_cache, kv.value_cache, kv.block_tables, cu,
+                                  kv.context_lens, 1.0 / math.sqrt(q.shape[-1]), kv_dtype,
+                                  k_scale, v_scale)
+    return out
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("heads,kvh,head_dim", [(8, 2, 32), (16, 4, 64), (32, 8, 128),
+                                                (4, 4, 48), (16, 2, 40)])
+def test_bf16_model_prefill_rounds_probabilities(kv_dtype, heads, kvh, head_dim):
+    """Whole prompts, chunks after a context at odd and even offsets; head_dim 40 keeps exact
+    p.v (not a multiple of 16) after bf16 dot-product scores."""
+    gen = torch.Generator().manual_seed(heads + head_dim + len(kv_dtype))
+    fp8 = kv_dtype.startswith("fp8")
+    k_scale, v_scale = (0.6, 1.7) if fp8 else (1.0, 1.0)
+    lens, q_lens = [1, 33, 81, 300, 130], [1, 33, 40, 71, 64]
+    kv = make_paged_kv(gen, lens, kvh, head_dim, 16, kv_dtype, torch.bfloat16, k_scale, v_scale)
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(q_lens).cumsum(0)
+    q = torch.randn((int(cu[-1]), heads, head_dim), generator=gen).to(torch.bfloat16)
+    auto = prefill(kv, q, cu, kv_dtype, "auto", k_scale, v_scale)
+    scale = 1.0 / math.sqrt(head_dim)
+    for s, (n, q_len) in enumerate(zip(lens, q_lens)):
+        a, b = int(cu[s]), int(cu[s + 1])
+        ref, bound = bf16_bound(q[a:b], kv.k_full[s], kv.v_full[s], scale,
+                                torch.arange(n - q_len, n), UNIT_ROUNDOFF["bfloat16"], True)
+        assert ((auto[a:b].double() - ref).abs() <= bound).all(), f"sequence {s}"
+    exact = prefill(kv, q, cu, kv_dtype, best_exact(), k_scale, v_scale)
+    if HAS_BF16_TILE and head_dim % 16 == 0:
+        assert not torch.equal(auto, exact)  # the probabilities were rounded
+    else:
+        assert torch.equal(auto, exact)
+
+
+def test_fp32_model_prefill_stays_exact():
+    """A float32 query (an fp32 model's) on a bf16 cache: auto's prefill is the exact engine's."""
+    gen = torch.Generator().manual_seed(9)
+    kv = make_paged_kv(gen, [70, 300], 4, 64, 16, "bf16", torch.float32, 1.0, 1.0)
+    cu = torch.tensor([0, 70, 370], dtype=torch.int32)
+    q = torch.randn((370, 16, 64), generator=gen)
+    assert torch.equal(prefill(kv, q, cu, "bf16", "auto", 1.0, 1.0),
+                       prefill(kv, q, cu, "bf16", best_exact(), 1.0, 1.0))

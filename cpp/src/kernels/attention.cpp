@@ -296,6 +296,10 @@ void run_prefill(const AttentionParams& p, const SparseView* sv) {
   const int tile_tokens = std::max(1, kPrefillRows / group);
   const float qmul = query_mul(p, ops);
   const bool bf16_dot = cpu_features().avx512bf16;
+  // A bf16 model's probabilities go to p.v rounded to bf16, as its own attention rounds them
+  // (AttendTask::bf16_probs); a named engine stays exact.
+  const bool bf16_probs =
+      p.dtype == ScalarType::kBFloat16 && g_auto.load(std::memory_order_relaxed);
   const float vmul = value_mul(p, ops);
 
   // Tasks: (sequence, first query token of the tile), the deepest tiles first so the costly
@@ -344,6 +348,7 @@ void run_prefill(const AttentionParams& p, const SparseView* sv) {
     t.row_sum = s.row_sum.data();
     t.q_mul = qmul;
     t.bf16_dot = bf16_dot;
+    t.bf16_probs = bf16_probs;
     s.work.resize(static_cast<size_t>(ops.prefill_work_floats(rows, hd)));
     ops.prefill(t, s.work.data());
     for (int k = 0; k < tokens; ++k) {

@@ -45,6 +45,11 @@ struct AttendTask {
   // multiplies an exact bf16 query by a bf16 cache with vdpbf16ps).
   float q_mul = 1.0f;
   bool bf16_dot = false;
+  // Prefill: the probabilities may be rounded to bf16 for p.v, as a bf16 model's own attention
+  // rounds them (softmax in fp32, cast to bf16, then the p.v matmul): set for a bf16 query under
+  // "auto". With bf16_dot on a bf16 or fp8 cache the avx512 tile then multiplies them by V in
+  // vdpbf16ps too (two tokens per multiply-add); everywhere else it is ignored (exact p.v).
+  bool bf16_probs = false;
 };
 
 // Quest's block scores for one (sequence, KV head): for each listed block b,

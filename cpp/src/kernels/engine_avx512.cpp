@@ -190,7 +190,157 @@ inline void vstore8_bf16(uint16_t* dst, V x) {
                    _mm256_cvtepi32_epi16(_mm256_srli_epi32(
                        _mm256_castps_si256(_mm512_castps512_ps256(x)), 16)));
 }
-#define PAGEDLLM_ENGINE_BF16_DOT 1  // engine_prefill_impl.h: use bf16_scores_pass16
+
+// --- bf16 probabilities for p.v (the prefill tile with AttendTask::bf16_probs) ---
+// Two tokens per multiply-add: pt2[t / 2][r] = (p_t[r], p_(t+1)[r]) as bf16 in a 32-bit lane
+// (the even token low), vf2[t / 2][d] = (v_t[d], v_(t+1)[d]) likewise; vdpbf16ps with the
+// broadcast probability pair of row r adds p_t v_t[d] + p_(t+1) v_(t+1)[d] to 16 columns.
+#define PAGEDLLM_BF16_FN __attribute__((target("avx512bf16")))
+
+// vpermt2w indices: word 2i takes word i of the first source, word 2i + 1 word i of the second
+// (kPairLo: source words 0-15; kPairHi: 16-31), the second source's words numbered from 32.
+alignas(64) constexpr uint16_t kPairLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                              37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                              11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+alignas(64) constexpr uint16_t kPairHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21,
+                                              53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58,
+                                              27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+// Word 2i takes word i of one source, word 2i + 1 its word 16 + i (vpermw).
+alignas(64) constexpr uint16_t kPairHalves[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                  21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                  11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+// e^x within 2.7e-6 relative, for probabilities that are then rounded to bf16 (unit roundoff
+// 2^-9, so vexp's 17 instructions buy nothing there): 2^(x log2 e) as 2^n 2^f, n the nearest
+// integer, 2^f by a degree-4 minimax fit on [-1/2, 1/2] (fitted in relative error; coefficients
+// rounded to float), 2^n by vscalefps; 9 instructions. -inf (and anything under -160 ln 2)
+// gives 0.
+inline V vexp_coarse(V x) {
+  const V y = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                            _mm512_set1_ps(-160.0f));
+  const V n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const V f = _mm512_sub_ps(y, n);
+  V p = _mm512_set1_ps(0.009570019319653511f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05591766536235809f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240247443318367f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931218504905701f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999992847442627f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// For the np (even) score vectors at pt (token-major, rows in the lanes): p_t = exp(s_t + neg)
+// (vexp_coarse) rounded to bf16 (to nearest even) and stored as token pairs at pt2 (16 words per pair).
+// Returns per lane the sum of the rounded p (vdpbf16ps by (1, 1): exact, summed in fp32), so
+// the weights the output is divided by are the ones p.v used.
+PAGEDLLM_BF16_FN V bf16_prob_pairs(const float* pt, int np, V neg, uint32_t* pt2) {
+  // cvtne2ps2bf16(a, b) puts b in words 0-15 and a in 16-31; interleave them to pairs.
+  const __m512i idx = _mm512_load_si512(kPairHalves);
+  const __m512bh ones = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3F803F80));
+  V sum = _mm512_setzero_ps();
+  for (int t = 0; t < np; t += 2) {
+    const V p0 = vexp_coarse(_mm512_add_ps(_mm512_loadu_ps(pt + t * 16), neg));
+    const V p1 = vexp_coarse(_mm512_add_ps(_mm512_loadu_ps(pt + (t + 1) * 16), neg));
+    const __m512i pair = _mm512_permutexvar_epi16(
+        idx, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
+    _mm512_storeu_si512(pt2 + t / 2 * 16, pair);
+    sum = _mm512_dpbf16_ps(sum, reinterpret_cast<__m512bh>(pair), ones);
+  }
+  return sum;
+}
+
+// acc_r[d, d1) += sum over the token pairs of pt2[tp][r] . vf2[tp][d, d1) for R rows (acc rows
+// hd apart), CC column vectors at a time; `odd`: the last pair's second token is past every
+// row's range (its value half is cleared, so that nothing there, not even a NaN, reaches the
+// sums). Returns d1 (the last multiple of 16 * CC reachable).
+template <int R, int CC>
+PAGEDLLM_BF16_FN int pv_pair_cols(const uint32_t* pt2, const uint32_t* vf2, int pairs, bool odd,
+                                  float* acc, int hd, int d) {
+  const __m512i low = _mm512_set1_epi32(0xFFFF);
+  for (; d + 16 * CC <= hd; d += 16 * CC) {
+    V o[R * CC];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < CC; ++c) o[r * CC + c] = _mm512_loadu_ps(acc + r * hd + d + c * 16);
+    const uint32_t* vr = vf2 + d;
+    for (int tp = 0; tp < pairs; ++tp, vr += hd) {
+      __m512bh vv[CC];
+      for (int c = 0; c < CC; ++c) {
+        __m512i x = _mm512_loadu_si512(vr + c * 16);
+        if (odd && tp == pairs - 1) x = _mm512_and_si512(x, low);
+        vv[c] = reinterpret_cast<__m512bh>(x);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512bh p = reinterpret_cast<__m512bh>(
+            _mm512_set1_epi32(static_cast<int>(pt2[tp * 16 + r])));
+        for (int c = 0; c < CC; ++c) o[r * CC + c] = _mm512_dpbf16_ps(o[r * CC + c], p, vv[c]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < CC; ++c) _mm512_storeu_ps(acc + r * hd + d + c * 16, o[r * CC + c]);
+  }
+  return d;
+}
+
+// All hd (a multiple of 16) columns of R rows: 4 column vectors at a time (R <= 4), then 2, 1.
+template <int R>
+PAGEDLLM_BF16_FN void pv_pair_rows(const uint32_t* pt2, const uint32_t* vf2, int pairs, bool odd,
+                                   float* acc, int hd) {
+  int d = 0;
+  if constexpr (R <= 4) d = pv_pair_cols<R, 4>(pt2, vf2, pairs, odd, acc, hd, d);
+  d = pv_pair_cols<R, 2>(pt2, vf2, pairs, odd, acc, hd, d);
+  pv_pair_cols<R, 1>(pt2, vf2, pairs, odd, acc, hd, d);
+}
+
+// acc_r += sum_t p_t[r] v_t for the `real` rows of one row vector over its first nt tokens (the
+// pairs at pt2 and vf2); 8 rows at a time on heads under 64 columns (the accumulators then
+// still fill 16 registers), else 4.
+PAGEDLLM_BF16_FN void bf16_pv_pairs(const uint32_t* pt2, const uint32_t* vf2, int nt, float* acc,
+                                    int hd, int real) {
+  const int pairs = (nt + 1) / 2;
+  const bool odd = (nt & 1) != 0;
+  int r = 0;
+  if (hd < 64) {
+    for (; r + 8 <= real; r += 8) pv_pair_rows<8>(pt2 + r, vf2, pairs, odd, acc + r * hd, hd);
+  }
+  for (; r + 4 <= real; r += 4) pv_pair_rows<4>(pt2 + r, vf2, pairs, odd, acc + r * hd, hd);
+  if (r + 2 <= real) {
+    pv_pair_rows<2>(pt2 + r, vf2, pairs, odd, acc + r * hd, hd);
+    r += 2;
+  }
+  if (r < real) pv_pair_rows<1>(pt2 + r, vf2, pairs, odd, acc + r * hd, hd);
+}
+
+// dst[d] = the bf16 pair (v0[d], v1[d]) for d < hd (a multiple of 16), from two cache rows (v1
+// null: 0). bf16 rows are interleaved as they are (vpermt2w); fp8 ones go through float32 and
+// keep their high halves, exact (bf16 holds every fp8 value, times the e4m3 read factor).
+template <CacheType CT>
+inline void pair_value_rows(const uint8_t* v0, const uint8_t* v1, int hd, uint32_t* dst) {
+  int d = 0;
+  if constexpr (CT == CacheType::kBFloat16) {
+    const __m512i lo = _mm512_load_si512(kPairLo);
+    const __m512i hi = _mm512_load_si512(kPairHi);
+    for (; d + 32 <= hd; d += 32) {
+      const __m512i a = _mm512_loadu_si512(v0 + 2 * d);
+      const __m512i b = v1 != nullptr ? _mm512_loadu_si512(v1 + 2 * d) : _mm512_setzero_si512();
+      _mm512_storeu_si512(dst + d, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_storeu_si512(dst + d + 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  }
+  constexpr int es = CT == CacheType::kFloat32                                      ? 4
+                     : CT == CacheType::kBFloat16 || CT == CacheType::kFloat16 ? 2
+                                                                               : 1;
+  for (; d < hd; d += 16) {
+    const __m512i a = _mm512_castps_si512(vload_cache<CT>(v0 + d * es));
+    const __m512i b = v1 != nullptr ? _mm512_castps_si512(vload_cache<CT>(v1 + d * es))
+                                    : _mm512_setzero_si512();
+    // (a >> 16) | (b & 0xFFFF0000): 0xF8 is A | (B & C)
+    _mm512_storeu_si512(dst + d, _mm512_ternarylogic_epi32(_mm512_srli_epi32(a, 16), b,
+                                                           _mm512_set1_epi32(~0xFFFF), 0xF8));
+  }
+}
+#undef PAGEDLLM_BF16_FN
+
+#define PAGEDLLM_ENGINE_BF16_DOT 1  // engine_prefill_impl.h: use bf16_scores_pass16,
+                                    // bf16_prob_pairs, bf16_pv_pairs, pair_value_rows
 
 }  // namespace
 }  // namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS

@@ -53,6 +53,7 @@ struct PrefillWork {
   float* l;      // [rows_pad] running sum per row
   float* lim;    // [rows_pad] causal limit per row, as a float (0 on padding rows)
   float* alpha;  // [kW] one row vector's rescale factors
+  uint32_t* pt2; // [kKeyTile / 2][kW] probability pairs (bf16 p.v; vf then holds value pairs)
   int rows_pad;
 };
 
@@ -60,17 +61,18 @@ struct PrefillWork {
 // the floats used.
 inline long long carve(float* w, int rows, int hd, PrefillWork* out) {
   const int rp = round_up(rows, kW);
-  const long long sizes[8] = {static_cast<long long>(hd) * rp, kKeyTile * kStageStride,
+  const long long sizes[9] = {static_cast<long long>(hd) * rp, kKeyTile * kStageStride,
                               static_cast<long long>(kKeyTile) * hd, kKeyTile * kW, rp, rp, rp,
-                              kW};
-  float* piece[8];
+                              kW, kKeyTile / 2 * kW};
+  float* piece[9];
   long long used = 0;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 9; ++i) {
     piece[i] = w != nullptr ? w + used : nullptr;
     used += (sizes[i] + 15) / 16 * 16;
   }
   if (out != nullptr) *out = PrefillWork{piece[0], piece[1], piece[2], piece[3], piece[4],
-                                         piece[5], piece[6], piece[7], rp};
+                                         piece[5], piece[6], piece[7],
+                                         reinterpret_cast<uint32_t*>(piece[8]), rp};
   return used;
 }
 
@@ -147,6 +149,18 @@ inline void stage_bf16_keys(const Chunk& c, int hd, uint32_t* kf2) {
   }
   for (int t = c.n; t < round_up(c.n, kAcc); ++t) {
     for (int d2 = 0; d2 < hd / 2; ++d2) kf2[t * kStageStride + d2] = 0;
+  }
+}
+#endif
+
+#ifdef PAGEDLLM_ENGINE_BF16_DOT
+// The tile's value rows as token pairs: vf2[t / 2][d] = (v_t[d], v_(t+1)[d]) in bf16, hd words
+// a pair (an odd last token paired with 0).
+template <CacheType CT>
+inline void stage_value_pairs(const Chunk& c, int hd, uint32_t* vf2) {
+  for (int t = 0; t < c.n; t += 2) {
+    pair_value_rows<CT>(c.v[t], t + 1 < c.n ? c.v[t + 1] : nullptr, hd,
+                        vf2 + static_cast<long long>(t / 2) * hd);
   }
 }
 #endif
@@ -248,8 +262,9 @@ inline void pv_row_vector(const float* pt, const float* vf, int nt, float* acc, 
 // Row vector r0 (its first `real` rows are real; `hi`: their largest causal limit, `lo`: the
 // least) against the staged tile of n tokens at positions [pos0, pos0 + n); hi > pos0.
 // dot: qt and kf hold bf16 pairs (the query unscaled: q_mul is applied to the scores).
+// pairs: p.v in bf16 pairs (vf holds value pairs, stage_value_pairs; AttendTask::bf16_probs).
 inline void tile_row_vector(const PrefillWork& w, int r0, int real, int lo, int hi, int pos0,
-                            int n, int hd, bool dot, float q_mul, float* acc) {
+                            int n, int hd, bool dot, bool pairs, float q_mul, float* acc) {
   const int nt = imin(n, hi - pos0);     // tokens some row of the vector sees
   const int np = round_up(nt, kAcc);     // tokens computed (<= kKeyTile; the rest masked)
   float* pt = w.pt;
@@ -281,10 +296,19 @@ inline void tile_row_vector(const PrefillWork& w, int r0, int real, int lo, int 
   // Lanes that have seen nothing yet stay at -inf; a finite stand-in keeps exp() at 0 there.
   const V neg = vmul(vmax(m_new, vset1(-kMaxFinite)), vset1(-1.0f));
   V sum = vzero();
-  for (int t = 0; t < np; ++t) {
-    const V p = vexp(vadd(vload(pt + t * kW), neg));
-    vstore(pt + t * kW, p);
-    sum = vadd(sum, p);
+#ifdef PAGEDLLM_ENGINE_BF16_DOT
+  if (pairs) {
+    sum = bf16_prob_pairs(pt, np, neg, w.pt2);
+  } else {
+#else
+  (void)pairs;
+  {
+#endif
+    for (int t = 0; t < np; ++t) {
+      const V p = vexp(vadd(vload(pt + t * kW), neg));
+      vstore(pt + t * kW, p);
+      sum = vadd(sum, p);
+    }
   }
   const V alpha = vexp(vadd(m_old, neg));  // 0 where m_old = -inf, 1 where the max held
   vstore(w.l + r0, vadd(vmul(vload(w.l + r0), alpha), sum));
@@ -293,17 +317,24 @@ inline void tile_row_vector(const PrefillWork& w, int r0, int real, int lo, int 
   float* acc0 = acc + static_cast<long long>(r0) * hd;
   for (int r = 0; r < real; ++r)
     if (w.alpha[r] != 1.0f) scale_row(acc0 + r * hd, hd, w.alpha[r]);
+#ifdef PAGEDLLM_ENGINE_BF16_DOT
+  if (pairs) {
+    bf16_pv_pairs(w.pt2, reinterpret_cast<const uint32_t*>(w.vf), nt, acc0, hd, real);
+    return;
+  }
+#endif
   pv_row_vector(pt, w.vf, nt, acc0, hd, real);
 }
 
 // Stages the tile's n tokens as float32 (K rows kStageStride apart, V rows hd apart; K rows up
 // to the next multiple of kAcc zeroed, so the masked scores stay finite); with `raw_keys` the
 // keys are left to stage_bf16_keys.
+// `value_pairs`: the values go to stage_value_pairs instead.
 template <CacheType CT>
-void stage_tile(const Chunk& c, int hd, bool raw_keys, const PrefillWork& w) {
+void stage_tile(const Chunk& c, int hd, bool raw_keys, bool value_pairs, const PrefillWork& w) {
   for (int t = 0; t < c.n; ++t) {
     if (!raw_keys) stage_row<CT>(c.k[t], hd, w.kf + t * kStageStride);
-    stage_row<CT>(c.v[t], hd, w.vf + static_cast<long long>(t) * hd);
+    if (!value_pairs) stage_row<CT>(c.v[t], hd, w.vf + static_cast<long long>(t) * hd);
   }
   if (raw_keys) return;
   for (int t = c.n; t < round_up(c.n, kAcc); ++t) zero_row(w.kf + t * kStageStride, hd);
@@ -323,6 +354,7 @@ void prefill_typed(const AttendTask& task, float* work) {
   constexpr bool bf16_keys = CT == CacheType::kBFloat16 || CT == CacheType::kFp8E4M3 ||
                              CT == CacheType::kFp8E5M2;
   const bool dot = bf16_keys && task.bf16_dot && query_is_bf16(task.q, rows, hd);
+  const bool pairs = dot && task.bf16_probs && hd % 16 == 0;
   if (dot) {
     pack_query_pairs(task.q, rows, hd, w.rows_pad, reinterpret_cast<uint32_t*>(w.qt));
   } else {
@@ -330,6 +362,7 @@ void prefill_typed(const AttendTask& task, float* work) {
   }
 #else
   const bool dot = false;
+  const bool pairs = false;
   transpose_queries(task.q, task.q_mul, rows, hd, w.rows_pad, w.qt);
 #endif
   for (int r = 0; r < w.rows_pad; ++r) {
@@ -349,9 +382,10 @@ void prefill_typed(const AttendTask& task, float* work) {
       gather_chunk<CT>(task, next_pos, imin(kKeyTile, end - next_pos), &chunks[cur ^ 1]);
       prefetch_chunk<CT>(chunks[cur ^ 1], hd);
     }
-    stage_tile<CT>(c, hd, dot, w);
+    stage_tile<CT>(c, hd, dot, pairs, w);
 #ifdef PAGEDLLM_ENGINE_BF16_DOT
     if (dot) stage_bf16_keys<CT>(c, hd, reinterpret_cast<uint32_t*>(w.kf));
+    if (pairs) stage_value_pairs<CT>(c, hd, reinterpret_cast<uint32_t*>(w.vf));
 #endif
     for (int r0 = 0; r0 < rows; r0 += kW) {
       const int real = imin(kW, rows - r0);
@@ -361,7 +395,8 @@ void prefill_typed(const AttendTask& task, float* work) {
         hi = imax(hi, task.row_limit[r0 + r]);
       }
       if (hi > c.pos0) {
-        tile_row_vector(w, r0, real, lo, hi, c.pos0, c.n, hd, dot, task.q_mul, task.acc);
+        tile_row_vector(w, r0, real, lo, hi, c.pos0, c.n, hd, dot, pairs, task.q_mul,
+                        task.acc);
       }
     }
     if (next_pos >= end) break;
