@@ -18,6 +18,7 @@ import torch
 
 from pagedllm.config import EngineConfig
 from pagedllm.engine import device as devices
+from pagedllm.engine import host_malloc
 from pagedllm.engine.cross_kv_sizing import plan_mllama_pools
 from pagedllm.engine.host_swap import HostSwapPool
 from pagedllm.engine.kv_sizing import KVPlan, plan_kv_pool, resolve_block_size
@@ -100,6 +101,8 @@ class Worker:
         on_gpu = self.device.type == "cuda"
         if on_gpu:
             torch.cuda.set_device(self.device)
+        else:
+            host_malloc.keep_freed_memory()  # step tensors reuse memory, not fresh pages
         prepack = config.prepack_weights and not on_gpu and self.dtype != torch.float16
         if parallel is None:
             model, self.model_config = load_model(model_path, dtype=self.dtype, prepack=prepack)
