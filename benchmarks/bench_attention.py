@@ -171,11 +171,13 @@ def make_decode_case(batch: int, ctx: int, storage: str, gen: torch.Generator,
 
 
 def decode_kernel(storage: str) -> str:
-    """The engine "auto" decodes this storage case on: the one in use, except a bf16 query on
-    fp8, which takes avx512_bf16 where this CPU runs it (attention.cpp, decode_engine)."""
+    """The engine "auto" decodes this storage case on: the one in use, except a bf16 query on a
+    bf16 or fp8 cache, which takes avx512_bf16 where this CPU runs it (attention.cpp,
+    decode_engine)."""
     auto = os.environ.get("PAGEDLLM_CPU_ENGINE", "auto") in ("", "auto")
-    bf16_on_fp8 = STORAGE[storage][0] == torch.uint8 and STORAGE[storage][2] == torch.bfloat16
-    if auto and bf16_on_fp8 and "avx512_bf16" in _core.cpu_engines():
+    bf16_query_rounded_cache = (STORAGE[storage][0] in (torch.uint8, torch.bfloat16)
+                                and STORAGE[storage][2] == torch.bfloat16)
+    if auto and bf16_query_rounded_cache and "avx512_bf16" in _core.cpu_engines():
         return "avx512_bf16"
     return _core.cpu_kernel()
 

@@ -312,23 +312,25 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(info.param) + "_" + pk::cache_type_name(std::get<1>(info.param));
     });
 
-// "auto" decodes a bf16 query on an fp8 cache with avx512_bf16's dot products where the CPU has
-// them (the query is exact in bf16), bit for bit; a float32 query stays on the exact engine.
-TEST(AutoEngine, Bf16QueryOnFp8UsesBf16DotProducts) {
+// "auto" decodes a bf16 query on an fp8 or bf16 cache with avx512_bf16's dot products where the
+// CPU has them (the query is exact in bf16), bit for bit; a float32 query stays on the exact
+// engine.
+TEST(AutoEngine, Bf16QueryOnRoundedCachesUsesBf16DotProducts) {
   const auto ok = pk::available_cpu_engines();
   if (std::find(ok.begin(), ok.end(), "avx512_bf16") == ok.end()) {
     GTEST_SKIP() << "avx512_bf16 not available on this CPU: auto stays exact";
   }
-  Cache c(pk::CacheType::kFp8E4M3, 2, 8, 128, 16, {1, 40, 700});
-  const int n = static_cast<int>(c.lens.size());
-  const size_t elems = static_cast<size_t>(n) * c.heads * c.hd;
-  std::vector<float> qf(elems);
-  std::vector<uint16_t> qb(elems);
-  std::mt19937 rng(5);
-  std::normal_distribution<float> n01;
-  for (size_t i = 0; i < elems; ++i) {
-    qb[i] = pk::float_to_bf16(n01(rng));
-    qf[i] = pk::bf16_to_float(qb[i]);
+  for (pk::CacheType ct : {pk::CacheType::kFp8E4M3, pk::CacheType::kBFloat16}) {
+    Cache c(ct, 2, 8, 128, 16, {1, 40, 700});
+    const int n = static_cast<int>(c.lens.size());
+    const size_t elems = static_cast<size_t>(n) * c.heads * c.hd;
+    std::vector<float> qf(elems);
+    std::vector<uint16_t> qb(elems);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> n01;
+    for (size_t i = 0; i < elems; ++i) {
+      qb[i] = pk::float_to_bf16(n01(rng));
+      qf[i] = pk::bf16_to_float(qb[i]);
   }
   const auto run = [&](const char* engine, bool bf16) {
     pk::set_cpu_engine(engine);
@@ -346,9 +348,10 @@ TEST(AutoEngine, Bf16QueryOnFp8UsesBf16DotProducts) {
     for (size_t i = 0; i < elems; ++i) r[i] = bf16 ? pk::bf16_to_float(ob[i]) : of[i];
     return r;
   };
-  EXPECT_EQ(run("auto", true), run("avx512_bf16", true));
-  EXPECT_NE(run("auto", true), run("avx512", true));
-  EXPECT_EQ(run("auto", false), run("avx512", false));
+  EXPECT_EQ(run("auto", true), run("avx512_bf16", true)) << pk::cache_type_name(ct);
+  EXPECT_NE(run("auto", true), run("avx512", true)) << pk::cache_type_name(ct);
+  EXPECT_EQ(run("auto", false), run("avx512", false)) << pk::cache_type_name(ct);
+  }
 }
 
 // A bf16 model's prefill under "auto" on a bf16 or fp8 cache, where the CPU has AVX512_BF16:

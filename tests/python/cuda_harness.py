@@ -10,7 +10,7 @@ the CUDA kernels. Error bounds per element, with u_x the unit roundoff of type x
     query exactly as the kernel rounds it (q * scale [* k_scale], rounded to the operand type),
     and the probabilities' rounding to the operand type adds at most u_op max|v|:
       |out - ref| <= u_out |ref| + 2 u_op max|v| + 2e-5 max(1, max|ref|)
-  * the CPU prefill of a bf16 model on bf16 / fp8 caches with AVX512_BF16 (cpu_prob_dtype):
+  * the CPU kernels for a bf16 model on bf16 / fp8 caches with AVX512_BF16 (cpu_prob_dtype):
     exact scores, probabilities rounded to bf16: the same bound with u_op = u_bf16
 """
 
@@ -66,18 +66,23 @@ def operand_dtype(backend: Backend, kv_dtype: str, act: torch.dtype, group: int)
     return torch.bfloat16 if storage == torch.bfloat16 else torch.float16
 
 
-def cpu_prob_dtype(kv_dtype: str, act: torch.dtype, head_dim: int):
-    """The dtype the CPU prefill rounds its probabilities to for p.v, or None (exact).
+def cpu_prob_dtype(kv_dtype: str, act: torch.dtype, head_dim: int, decode: bool = False):
+    """The dtype the CPU kernels round their probabilities to for p.v, or None (exact).
 
-    bf16 for a bf16 query (a bf16 model's) on a bf16 or fp8 cache, head_dim a multiple of 16,
-    on the avx512 engine of a CPU with AVX512_BF16 (engine_prefill_impl.h; under "auto" only,
-    which the bound here need not tell apart: it only widens). The scores stay exact, so the
-    reference query does not change; the bound gains 2 u_bf16 max|v|.
+    bf16 for a bf16 query (a bf16 model's) on a bf16 or fp8 cache under "auto" on the avx512
+    engine of a CPU with AVX512_BF16: prefill (engine_prefill_impl.h) when head_dim is a
+    multiple of 16; decode (the avx512_bf16 engine, which needs AVX512_VBMI too) when it is a
+    multiple of 32. "auto" and the avx512 engine named are not told apart here: the bound only
+    widens. The scores stay exact (the query is bf16 already), so the reference query does not
+    change; the bound gains 2 u_bf16 max|v|.
     """
     storage = storage_torch_dtype(kv_dtype, act)
-    rounds = (act == torch.bfloat16 and storage in (torch.bfloat16, torch.uint8)
-              and head_dim % 16 == 0 and _core.get_cpu_engine() == "avx512"
-              and "avx512bf16" in _core.build_info()["cpu_features"])
+    if decode:
+        has = "avx512_bf16" in _core.cpu_engines() and head_dim % 32 == 0
+    else:
+        has = "avx512bf16" in _core.build_info()["cpu_features"] and head_dim % 16 == 0
+    rounds = (act == torch.bfloat16 and storage in (torch.bfloat16, torch.uint8) and has
+              and _core.get_cpu_engine() == "avx512")
     return torch.bfloat16 if rounds else None
 
 
@@ -149,14 +154,17 @@ def run_decode(backend: Backend, gen, lens, heads, kvh, head_dim, block_size, kv
     for s, length in enumerate(lens):
         refs[s:s + 1] = attention_ref(q_cpu[s:s + 1], kv.k_full[s], kv.v_full[s], scale,
                                       torch.tensor([length - 1]))
-    b = bound(refs, act, None, 0.0)
+    cpu_probs = cpu_prob_dtype(kv_dtype, act, head_dim, decode=True)
+    vmax = max(kv.v_full[s].abs().max().item() for s in range(n)) if cpu_probs else 0.0
+    b = bound(refs, act, None if backend.is_cuda else cpu_probs, vmax)
     assert_within(out, refs, b, "decode vs float64")
     if backend.is_cuda:  # and against the CPU kernel, within both kernels' bounds
         cpu_out = torch.full_like(q_cpu, float("nan"))
         _core.paged_attention_decode(cpu_out, q_cpu, kv.key_cache, kv.value_cache,
                                      kv.block_tables, kv.context_lens, scale, kv_dtype, k_scale,
                                      v_scale)
-        assert_within(out, cpu_out.to(torch.float64), 2 * b, "decode vs CPU kernel")
+        assert_within(out, cpu_out.to(torch.float64), b + bound(refs, act, cpu_probs, vmax),
+                      "decode vs CPU kernel")
 
 
 def run_prefill(backend: Backend, gen, lens, q_lens, heads, kvh, head_dim, block_size, kv_dtype,

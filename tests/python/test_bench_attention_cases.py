@@ -1,7 +1,7 @@
 """bench_attention's decode cases: each storage case builds the caches and the query it names
-and the kernel decodes them as a model of that dtype would (fp8 with a bf16 query goes to the
-bf16 dot products where the CPU has them, like vLLM's peer case; fp8_fp32q stays exact). No
-timing is asserted."""
+and the kernel decodes them as a model of that dtype would (fp8 and bf16 with a bf16 query go
+to the bf16 dot products where the CPU has them, like vLLM's peer case; fp8_fp32q and
+bf16_fp32q stay exact). No timing is asserted."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Which engine "auto" decodes on: the best exact one, except a bf16 query on an fp8 cache;
-and how "auto" prefills a bf16 model.
+"""Which engine "auto" decodes on: the best exact one, except a bf16 query on a bf16 or fp8
+cache; and how "auto" prefills a bf16 model.
 
-A bf16 query (a bf16 model's) is exact in bf16, so on fp8 caches "auto" takes the avx512_bf16
-engine's dot products where the CPU has them (only the probabilities are rounded to bf16, as a
-bf16 model's attention rounds them). Everything else, and every engine named by
+A bf16 query (a bf16 model's) is exact in bf16, so on bf16 and fp8 caches "auto" takes the
+avx512_bf16 engine's dot products where the CPU has them (only the probabilities are rounded to
+bf16, as a bf16 model's attention rounds them). Everything else, and every engine named by
 set_cpu_engine / PAGEDLLM_CPU_ENGINE, decodes as that engine does. Checked bit for bit against
 the engines forced by name, and against the float64 reference at each engine's bound.
 
@@ -60,8 +60,8 @@ def best_exact():
     return _core.cpu_engines()[0]
 
 
-@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
-def test_bf16_query_on_fp8_decodes_with_bf16_dot_products(kv_dtype):
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2", "bf16"])
+def test_bf16_query_on_rounded_caches_decodes_with_bf16_dot_products(kv_dtype):
     if not HAS_BF16_DOT:
         pytest.skip("this CPU lacks AVX512_BF16 / AVX512_VBMI: auto stays exact")
     kv, q = case(kv_dtype, torch.bfloat16, 1)
@@ -77,8 +77,8 @@ def test_bf16_query_on_fp8_decodes_with_bf16_dot_products(kv_dtype):
 
 
 @pytest.mark.parametrize("kv_dtype,act", [("fp8_e4m3", torch.float32), ("fp8_e5m2", torch.float32),
-                                          ("bf16", torch.bfloat16), ("bf16", torch.float32),
-                                          ("auto", torch.float32), ("fp16", torch.bfloat16)])
+                                          ("bf16", torch.float32), ("auto", torch.float32),
+                                          ("fp16", torch.bfloat16)])
 def test_other_queries_and_caches_stay_on_the_exact_engine(kv_dtype, act):
     kv, q = case(kv_dtype, act, 2)
     assert torch.equal(decode(kv, q, kv_dtype, "auto"), decode(kv, q, kv_dtype, best_exact()))

@@ -111,18 +111,19 @@ const EngineOps& engine() {
   return *e;
 }
 
-// The engine decode runs p on: engine(), except that under "auto" a bf16 query on an fp8 cache
-// takes the avx512_bf16 engine's dot products where the CPU has them. Such a query is exact in
-// bf16 and enters them unscaled; only the probabilities are rounded to bf16 for p.v, as a bf16
-// model's own attention rounds them (softmax in fp32, then cast to bf16). 1.4-1.6x faster at
-// 2 threads on Zen 4 (docs/BENCHMARKS.md); bf16 caches stay on the exact engine, where the
-// dot products gain nothing once memory-bound.
+// The engine decode runs p on: engine(), except that under "auto" a bf16 query (a bf16
+// model's) on a bf16 or fp8 cache takes the avx512_bf16 engine's dot products where the CPU has
+// them. Such a query is exact in bf16 and enters them unscaled; only the probabilities are
+// rounded to bf16 for p.v, as a bf16 model's own attention rounds them (softmax in fp32, then
+// cast to bf16). At 2 threads on Zen 4 (docs/BENCHMARKS.md): 1.4-1.6x faster on fp8 caches,
+// 1.07-1.33x on bf16 ones.
 const EngineOps& decode_engine(const AttentionParams& p) {
   const EngineOps& e = engine();
 #ifdef PAGEDLLM_HAVE_AVX512_BF16_KERNELS
   static const bool has_bf16_dot = cpu_runs("avx512_bf16");
+  const bool rounded_cache = is_fp8(p.cache.dtype) || p.cache.dtype == CacheType::kBFloat16;
   if (has_bf16_dot && g_auto.load(std::memory_order_relaxed) &&
-      p.dtype == ScalarType::kBFloat16 && is_fp8(p.cache.dtype) &&
+      p.dtype == ScalarType::kBFloat16 && rounded_cache &&
       avx512_bf16_decodes(p.cache.dtype, p.cache.head_dim)) {
     return avx512_bf16_engine();
   }

@@ -79,7 +79,8 @@ const char* scalar_type_name(ScalarType t);
 // The attention engine the calls dispatch to: "avx512", "avx2", "generic" or "avx512_bf16". By
 // default ("auto") the best exact one compiled in that this CPU runs; avx512_bf16, which rounds
 // the query and probabilities to bf16 for bf16 / fp8 K/V, only for decode of a bf16 query (exact
-// in bf16 already) on an fp8 cache, where the CPU runs it. The environment variable
+// in bf16 already) on a bf16 or fp8 cache, where the CPU runs it (and the avx512 engine's
+// prefill of such a query rounds its probabilities to bf16 for p.v). The environment variable
 // PAGEDLLM_CPU_ENGINE (read at the first call) or set_cpu_engine() choose another, used as named.
 std::string active_cpu_kernel();
 
