@@ -77,6 +77,7 @@ inline V8 vexp(V8 x) {
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
+inline V8 vexp_tile(V8 x) { return vexp(x); }  // the prefill tile's exp: the same
 
 // fp8 e4m3fn bytes (zero-extended to 16-bit lanes) as IEEE halves of value * 2^-8, exact,
 // subnormals included: shifting the byte to the top and back by one (arithmetic) gives

@@ -50,6 +50,7 @@ inline V8 vexp(V8 a) {
   for (int i = 0; i < 8; ++i) a.x[i] = std::exp(a.x[i]);
   return a;
 }
+inline V8 vexp_tile(V8 x) { return vexp(x); }  // the prefill tile's exp: the same
 inline float vhmax(V8 a) {
   float m = a.x[0];
   for (int i = 1; i < 8; ++i) m = a.x[i] > m ? a.x[i] : m;
