@@ -9,7 +9,7 @@ over every run after the first of each process (the first still grows the heap),
 median of the per-round wall-time ratios (off / on).
 
 Usage: PYTHONPATH=.:python python -m benchmarks.malloc_ab [--model tiny] [--dtype float32]
-           [--workload long|mixed] [--rounds 3] [--runs 3]
+           [--workload long|mixed] [--rounds 3] [--runs 3] [--long-prompt 16,1024,4032,64]
 Writes benchmarks/results/malloc_ab_<model>_<dtype>_<workload>.json.
 """
 
@@ -33,9 +33,10 @@ from benchmarks.common import checkpoint
 from benchmarks.engines import PagedEngine
 from benchmarks.workloads import MIXED, long_prompt_workload, mixed_workload
 model, dtype, workload, runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+n, lo, hi, out_len = (int(x) for x in sys.argv[5].split(","))
 vocab = 4096 if model == "tiny" else 32000
 if workload == "long":
-    reqs = long_prompt_workload(16, vocab, 1024, 4032, 64, seed=7)
+    reqs = long_prompt_workload(n, vocab, lo, hi, out_len, seed=7)
 else:
     reqs = mixed_workload(200, vocab, seed=0, **MIXED)
 eng = PagedEngine(checkpoint(model), dtype=dtype)
@@ -59,7 +60,8 @@ def run_child(keep: str, args) -> list:
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "python")]))
     wait_until_quiet()
     p = subprocess.run([sys.executable, "-c", CHILD, args.model, args.dtype, args.workload,
-                        str(args.runs)], env=env, capture_output=True, text=True, check=True)
+                        str(args.runs), args.long_prompt], env=env, capture_output=True,
+                       text=True, check=True)
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
 
@@ -71,6 +73,8 @@ def main() -> None:
     ap.add_argument("--workload", default="long", choices=("long", "mixed"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--long-prompt", default="16,1024,4032,64",
+                    help="requests,min prompt,max prompt,output tokens of the long workload")
     args = ap.parse_args()
     if args.runs < 2:
         raise SystemExit("--runs must be >= 2 (the first run of each process is not counted)")

@@ -21,3 +21,23 @@ def test_decode_step_ab_table_names_every_bucket():
     table = decode_step_ab.markdown(r)
     assert "| main-thread CPU time | 1.50 | 1.50 | 1.00x |" in table
     assert "| cProfile: sampler | 0.20 | 0.20 | 1.00x |" in table
+
+
+def test_malloc_ab_runs_both_settings(tmp_path, monkeypatch):
+    """benchmarks/malloc_ab.py on two short prompts: a process per setting, faults counted."""
+    import json
+    import sys
+
+    from benchmarks import common, malloc_ab
+
+    monkeypatch.setenv(common.RESULTS_DIR_ENV, str(tmp_path / "results"))
+    monkeypatch.setenv(common.CHECKPOINT_CACHE_ENV, str(tmp_path / "ckpt"))
+    monkeypatch.setattr(sys, "argv", ["malloc_ab", "--rounds", "1", "--runs", "2",
+                                      "--long-prompt", "2,32,64,4"])
+    malloc_ab.main()
+    data = json.loads((tmp_path / "results" / "malloc_ab_tiny_float32_long.json").read_text())
+    assert set(data["processes"]) == {"0", "1"}
+    for procs in data["processes"].values():
+        assert len(procs) == 1 and len(procs[0]) == 2
+        assert all(run["wall_s"] > 0 and run["minor_faults"] >= 0 for run in procs[0])
+    assert data["summary"]["speedup"] > 0
