@@ -90,8 +90,8 @@ def ab(call, rounds: int) -> dict:
             ts.append(time.perf_counter() - t)
     _core.set_cpu_engine("auto")
     ratios = [a / b for a, b in zip(times["avx512"], times["auto"])]
-    return {"exact_ms": round(statistics.median(times["avx512"]) * 1e3, 3),
-            "auto_ms": round(statistics.median(times["auto"]) * 1e3, 3),
+    return {"exact_ms": float(f"{statistics.median(times['avx512']) * 1e3:.4g}"),
+            "auto_ms": float(f"{statistics.median(times['auto']) * 1e3:.4g}"),
             "speedup": round(statistics.median(ratios), 3),
             "speedup_rounds": [round(r, 3) for r in ratios]}
 
@@ -107,27 +107,20 @@ def main() -> None:
         raise SystemExit("this CPU has no AVX512_BF16 (or no avx512 engine): auto is exact here")
     gen = torch.Generator().manual_seed(0)
     rows = []
+    kernels = (("prefill", prefill_call, PREFILL, "gflops", "GFLOP/s"),
+               ("decode", decode_call, DECODE, "gbps", "GB/s"))
     for name, heads, kvh, hd in SHAPES:
-        call, flops = prefill_call(gen, heads, kvh, hd, args.kv)
-        r = ab(call, args.rounds)
-        r.update(kernel="prefill", shape=name, heads=heads, kv_heads=kvh, head_dim=hd,
-                 seqs_x_tokens=list(PREFILL),
-                 exact_gflops=round(flops / r["exact_ms"] / 1e6, 1),
-                 auto_gflops=round(flops / r["auto_ms"] / 1e6, 1))
-        rows.append(r)
-        print(f"prefill {name:6s} {heads}/{kvh} x {hd}: exact {r['exact_gflops']} GFLOP/s, "
-              f"auto {r['auto_gflops']} GFLOP/s, {r['speedup']}x")
-        del call
-        call, nbytes = decode_call(gen, heads, kvh, hd, args.kv)
-        r = ab(call, args.rounds)
-        r.update(kernel="decode", shape=name, heads=heads, kv_heads=kvh, head_dim=hd,
-                 seqs_x_tokens=list(DECODE),
-                 exact_gbps=round(nbytes / r["exact_ms"] / 1e6, 1),
-                 auto_gbps=round(nbytes / r["auto_ms"] / 1e6, 1))
-        rows.append(r)
-        print(f"decode  {name:6s} {heads}/{kvh} x {hd}: exact {r['exact_gbps']} GB/s, "
-              f"auto {r['auto_gbps']} GB/s, {r['speedup']}x")
-        del call
+        for kernel, build, size, unit, label in kernels:
+            call, work = build(gen, heads, kvh, hd, args.kv)  # work: FLOPs or K/V bytes
+            r = ab(call, args.rounds)
+            exact, auto = (float(f"{work / r[k] / 1e6:.4g}") for k in ("exact_ms", "auto_ms"))
+            r.update({"kernel": kernel, "shape": name, "heads": heads, "kv_heads": kvh,
+                      "head_dim": hd, "seqs_x_tokens": list(size), f"exact_{unit}": exact,
+                      f"auto_{unit}": auto})
+            rows.append(r)
+            print(f"{kernel:7s} {name:6s} {heads}/{kvh} x {hd}: exact {exact} {label}, "
+                  f"auto {auto} {label}, {r['speedup']}x", flush=True)
+            del call
     stem = "bf16_probs_ab" if args.kv == "bf16" else f"bf16_probs_ab_{args.kv}"
     path = write_results(stem, {"threads": n, "kv": args.kv, "rounds": args.rounds,
                                 "cpu_features": features, "rows": rows})

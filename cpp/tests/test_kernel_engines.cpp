@@ -312,6 +312,22 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(info.param) + "_" + pk::cache_type_name(std::get<1>(info.param));
     });
 
+namespace {
+
+// n query values from N(0, 1) rounded to bf16: as stored (qb) and as float (qf).
+void bf16_queries(size_t n, unsigned seed, std::vector<uint16_t>* qb, std::vector<float>* qf) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n01;
+  qb->resize(n);
+  qf->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    (*qb)[i] = pk::float_to_bf16(n01(rng));
+    (*qf)[i] = pk::bf16_to_float((*qb)[i]);
+  }
+}
+
+}  // namespace
+
 // "auto" decodes a bf16 query on an fp8 or bf16 cache with avx512_bf16's dot products where the
 // CPU has them (the query is exact in bf16), bit for bit; a float32 query stays on the exact
 // engine.
@@ -324,33 +340,28 @@ TEST(AutoEngine, Bf16QueryOnRoundedCachesUsesBf16DotProducts) {
     Cache c(ct, 2, 8, 128, 16, {1, 40, 700});
     const int n = static_cast<int>(c.lens.size());
     const size_t elems = static_cast<size_t>(n) * c.heads * c.hd;
-    std::vector<float> qf(elems);
-    std::vector<uint16_t> qb(elems);
-    std::mt19937 rng(5);
-    std::normal_distribution<float> n01;
-    for (size_t i = 0; i < elems; ++i) {
-      qb[i] = pk::float_to_bf16(n01(rng));
-      qf[i] = pk::bf16_to_float(qb[i]);
-  }
-  const auto run = [&](const char* engine, bool bf16) {
-    pk::set_cpu_engine(engine);
-    std::vector<uint16_t> ob(elems, 0x7FC0);
-    std::vector<float> of(elems, NAN);
-    pk::AttentionParams p = c.params(of.data(), qf.data(), n);
-    if (bf16) {
-      p.query = qb.data();
-      p.out = ob.data();
-      p.dtype = pk::ScalarType::kBFloat16;
-    }
-    pk::paged_attention_decode(p);
-    pk::set_cpu_engine("auto");
-    std::vector<float> r(elems);
-    for (size_t i = 0; i < elems; ++i) r[i] = bf16 ? pk::bf16_to_float(ob[i]) : of[i];
-    return r;
-  };
-  EXPECT_EQ(run("auto", true), run("avx512_bf16", true)) << pk::cache_type_name(ct);
-  EXPECT_NE(run("auto", true), run("avx512", true)) << pk::cache_type_name(ct);
-  EXPECT_EQ(run("auto", false), run("avx512", false)) << pk::cache_type_name(ct);
+    std::vector<float> qf;
+    std::vector<uint16_t> qb;
+    bf16_queries(elems, 5, &qb, &qf);
+    const auto run = [&](const char* engine, bool bf16) {
+      pk::set_cpu_engine(engine);
+      std::vector<uint16_t> ob(elems, 0x7FC0);
+      std::vector<float> of(elems, NAN);
+      pk::AttentionParams p = c.params(of.data(), qf.data(), n);
+      if (bf16) {
+        p.query = qb.data();
+        p.out = ob.data();
+        p.dtype = pk::ScalarType::kBFloat16;
+      }
+      pk::paged_attention_decode(p);
+      pk::set_cpu_engine("auto");
+      std::vector<float> r(elems);
+      for (size_t i = 0; i < elems; ++i) r[i] = bf16 ? pk::bf16_to_float(ob[i]) : of[i];
+      return r;
+    };
+    EXPECT_EQ(run("auto", true), run("avx512_bf16", true)) << pk::cache_type_name(ct);
+    EXPECT_NE(run("auto", true), run("avx512", true)) << pk::cache_type_name(ct);
+    EXPECT_EQ(run("auto", false), run("avx512", false)) << pk::cache_type_name(ct);
   }
 }
 
@@ -376,20 +387,16 @@ TEST(AutoEngine, Bf16ModelPrefillRoundsProbabilitiesInPairs) {
         const int b = c.tables[poisoned / c.bs];
         for (int g = 0; g < kvh; ++g)
           for (int d = 0; d < hd; ++d) {
-            const int64_t i = ((static_cast<int64_t>(b) * kvh + g) * c.bs + poisoned % c.bs) * hd + d;
+            const int64_t row = (static_cast<int64_t>(b) * kvh + g) * c.bs + poisoned % c.bs;
+            const int64_t i = row * hd + d;
             pk::store_cache_scalar(c.v.data(), ct, i, NAN);
           }
       }
       const int tokens = cu.back();
       const size_t elems = static_cast<size_t>(tokens) * heads * hd;
-      std::vector<float> qf(elems);
-      std::vector<uint16_t> qb(elems);
-      std::mt19937 rng(7);
-      std::normal_distribution<float> n01;
-      for (size_t i = 0; i < elems; ++i) {
-        qb[i] = pk::float_to_bf16(n01(rng));
-        qf[i] = pk::bf16_to_float(qb[i]);
-      }
+      std::vector<float> qf;
+      std::vector<uint16_t> qb;
+      bf16_queries(elems, 7, &qb, &qf);
       const auto run = [&](const char* engine) {
         pk::set_cpu_engine(engine);
         std::vector<uint16_t> ob(elems, 0x7FC0);

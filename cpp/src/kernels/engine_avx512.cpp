@@ -249,7 +249,8 @@ inline V vexp_coarse(V x) {
 }
 
 // For the np (even) score vectors at pt (token-major, rows in the lanes): p_t = exp(s_t + neg)
-// (vexp_coarse) rounded to bf16 (to nearest even) and stored as token pairs at pt2 (16 words per pair).
+// (vexp_coarse) rounded to bf16 (to nearest even) and stored as token pairs at pt2 (16 words
+// per pair).
 // Returns per lane the sum of the rounded p (vdpbf16ps by (1, 1): exact, summed in fp32), so
 // the weights the output is divided by are the ones p.v used.
 PAGEDLLM_BF16_FN V bf16_prob_pairs(const float* pt, int np, V neg, uint32_t* pt2) {
