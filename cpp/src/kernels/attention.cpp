@@ -116,7 +116,7 @@ const EngineOps& engine() {
 // them. Such a query is exact in bf16 and enters them unscaled; only the probabilities are
 // rounded to bf16 for p.v, as a bf16 model's own attention rounds them (softmax in fp32, then
 // cast to bf16). At 2 threads on Zen 4 (docs/BENCHMARKS.md): 1.4-1.6x faster on fp8 caches,
-// 1.07-1.33x on bf16 ones.
+// 1.1-1.3x on bf16 ones.
 const EngineOps& decode_engine(const AttentionParams& p) {
   const EngineOps& e = engine();
 #ifdef PAGEDLLM_HAVE_AVX512_BF16_KERNELS

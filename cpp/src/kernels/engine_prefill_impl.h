@@ -28,7 +28,10 @@
 // avx512 engine defines PAGEDLLM_ENGINE_BF16_DOT, bf16_scores_pass16 and vstore_bf16 /
 // vstore8_bf16), qt and kf hold bf16 pairs (fp8 keys converted exactly: bf16 holds every fp8
 // value, times the e4m3 read factor) and the scores are vdpbf16ps dot products, exact
-// products summed in fp32 (twice the multiply-adds per instruction).
+// products summed in fp32 (twice the multiply-adds per instruction). With AttendTask::bf16_probs
+// too (a bf16 model under "auto") and head_dim a multiple of 16, p.v is vdpbf16ps as well: the
+// probabilities rounded to bf16 in token pairs (bf16_prob_pairs), the values staged as token
+// pairs (stage_value_pairs / pair_value_rows), two tokens per multiply-add (bf16_pv_pairs).
 
 namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS {
 namespace {
