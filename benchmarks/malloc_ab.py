@@ -56,8 +56,10 @@ print("RESULT " + json.dumps(out))
 
 def run_child(keep: str, args) -> list:
     """One fresh process with PAGEDLLM_KEEP_FREED_MEMORY=keep; its runs' figures."""
-    env = dict(os.environ, PAGEDLLM_KEEP_FREED_MEMORY=keep,
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "python")]))
+    import pagedllm  # the child imports it from where this process does (tree or wheel)
+
+    paths = [str(ROOT), str(Path(pagedllm.__file__).resolve().parents[1])]
+    env = dict(os.environ, PAGEDLLM_KEEP_FREED_MEMORY=keep, PYTHONPATH=os.pathsep.join(paths))
     wait_until_quiet()
     p = subprocess.run([sys.executable, "-c", CHILD, args.model, args.dtype, args.workload,
                         str(args.runs), args.long_prompt], env=env, capture_output=True,

