@@ -63,7 +63,10 @@ def run_child(keep: str, args) -> list:
     wait_until_quiet()
     p = subprocess.run([sys.executable, "-c", CHILD, args.model, args.dtype, args.workload,
                         str(args.runs), args.long_prompt], env=env, capture_output=True,
-                       text=True, check=True)
+                       text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"the PAGEDLLM_KEEP_FREED_MEMORY={keep} process failed "
+                           f"(exit {p.returncode}):\n{p.stderr[-4000:]}")
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
 
