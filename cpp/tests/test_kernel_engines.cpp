@@ -287,7 +287,7 @@ TEST_P(EngineStorage, PrefillCausalRows) {
 }
 
 // The GEMM-shaped prefill tile's edges: GQA groups 1 and 8, block sizes 8 and 32, row counts
-// that leave a partial row vector and a partial task, contexts ending inside a 32-token key
+// that leave a partial row vector and a partial task, contexts ending inside a 64-token key
 // tile, chunks starting after a context; fp32 and bf16-valued queries.
 TEST_P(EngineStorage, PrefillTileEdges) {
   for (auto [heads, kvh] : {std::pair{4, 4}, std::pair{16, 2}}) {

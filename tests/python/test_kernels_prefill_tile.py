@@ -5,7 +5,7 @@ unscaled too).
 
 A prefill task holds up to 64 query rows (tokens x GQA group, token-major); the tile puts them
 in the lanes of row vectors of 16 (avx512) or 8 (avx2, generic) and walks the context in key
-tiles of 32 tokens. Tasks of fewer rows than one vector take the row-major kernel instead, so
+tiles of 64 tokens. Tasks of fewer rows than one vector take the row-major kernel instead, so
 the q lens below cover both sides of that switch, partial row vectors and partial tasks (q lens
 not multiples of 8, 16 or 64 / group), contexts that end inside a key tile, and chunks that
 start after a context (chunked prefill, prefix-cache hits) inside a key tile or a block.
@@ -29,8 +29,8 @@ def kernel(request):
 
 # (context length, query tokens at its end): whole prompts, then chunks after a context.
 WHOLE = [(1, 1), (3, 3), (7, 7), (8, 8), (9, 9), (17, 17), (31, 31), (32, 32), (33, 33),
-         (65, 65), (130, 130)]
-CHUNKED = [(40, 5), (45, 13), (100, 37), (64, 32), (97, 64), (300, 71)]
+         (63, 63), (64, 64), (65, 65), (127, 127), (130, 130)]
+CHUNKED = [(40, 5), (45, 13), (100, 37), (64, 32), (97, 64), (129, 65), (300, 71)]
 GROUPS = [(4, 4), (8, 2), (16, 2)]  # (heads, kv heads): GQA ratios 1, 4, 8
 
 

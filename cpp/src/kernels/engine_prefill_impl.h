@@ -36,9 +36,14 @@
 namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS {
 namespace {
 
-constexpr int kKeyTile = 32;       // tokens per staged key tile (a multiple of kAcc)
+// Tokens per staged key tile (a multiple of kAcc). 64 rather than 32 halves the per-tile work of
+// every row vector (the rescale of its accumulators, the accumulator loads and stores of p.v,
+// the pass set-ups): 1.01-1.08x on the prefill kernel at head_dim 32-128, fp32 and bf16, on a
+// 2-core Zen 4 (docs/BENCHMARKS.md); 128 was no faster than 64.
+constexpr int kKeyTile = 64;
 constexpr int kStageStride = 528;  // floats per staged key row: >= the largest head_dim (512);
-                                   // 2112 bytes, so the tile's 32 rows start in distinct L1 sets
+                                   // 2112 bytes (33 lines), so the tile's 64 rows start in
+                                   // distinct L1 sets
 // Fewer rows than one vector's lanes leave lanes idle, and the row-major kernel was as fast or
 // faster there (a chunk of 4-12 rows after 2k tokens of context, head_dim 64, on a Zen 4).
 constexpr int kMinTileRows = kW;
