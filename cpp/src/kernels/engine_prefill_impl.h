@@ -38,8 +38,8 @@ namespace {
 
 // Tokens per staged key tile (a multiple of kAcc). 64 rather than 32 halves the per-tile work of
 // every row vector (the rescale of its accumulators, the accumulator loads and stores of p.v,
-// the pass set-ups): 1.01-1.08x on the prefill kernel at head_dim 32-128, fp32 and bf16, on a
-// 2-core Zen 4 (docs/BENCHMARKS.md); 128 was no faster than 64.
+// the pass set-ups): 1.00-1.04x (fp32) and 1.03-1.11x (bf16) on the prefill kernel at head_dim
+// 32-128 on a 2-core Zen 4 (docs/BENCHMARKS.md); 128 was no faster than 64.
 constexpr int kKeyTile = 64;
 constexpr int kStageStride = 528;  // floats per staged key row: >= the largest head_dim (512);
                                    // 2112 bytes (33 lines), so the tile's 64 rows start in
