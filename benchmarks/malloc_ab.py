@@ -32,9 +32,10 @@ import json, resource, sys, time
 from benchmarks.common import checkpoint
 from benchmarks.engines import PagedEngine
 from benchmarks.workloads import MIXED, long_prompt_workload, mixed_workload
+from pagedllm.model.checkpoint import random_config
 model, dtype, workload, runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 n, lo, hi, out_len = (int(x) for x in sys.argv[5].split(","))
-vocab = 4096 if model == "tiny" else 32000
+vocab = random_config(model).vocab_size
 if workload == "long":
     reqs = long_prompt_workload(n, vocab, lo, hi, out_len, seed=7)
 else:
