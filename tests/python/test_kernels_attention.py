@@ -146,6 +146,19 @@ def test_decode_gqa_ratios(kernel, heads, kvh, kv_dtype):
                k_scale=0.8, v_scale=1.3)
 
 
+@pytest.mark.parametrize("kvh", [2, 64, 65])
+@pytest.mark.parametrize("kv_dtype", ["auto", "bf16", "fp8"])
+def test_decode_kv_heads_in_lockstep(kernel, kvh, kv_dtype):
+    """Decode runs each sequence's 2-64 KV heads in lockstep (EngineOps::attend_heads), more
+    than 64 one task per head: both against the reference, with lengths from 1 token to one
+    split into partitions, a bf16 query (the avx512_bf16 decode under "auto") and an fp32 one."""
+    gen = torch.Generator().manual_seed(kvh)
+    lens = [1, 33, 700, 2, 161]
+    for act in (torch.float32, torch.bfloat16):
+        run_decode(gen, lens, kvh, kvh, 32, 16, kv_dtype, act, k_scale=0.8, v_scale=1.3)
+        run_decode(gen, [1500], 2 * kvh, kvh, 64, 8, kv_dtype, act)
+
+
 @pytest.mark.parametrize("block_size", [1, 256])
 @pytest.mark.parametrize("head_dim", [80, 96, 256])
 def test_edge_sizes(kernel, block_size, head_dim):

@@ -85,5 +85,58 @@ void prefetch_chunk(const Chunk& c, int head_dim) {
   }
 }
 
+// Tokens per chunk when a sequence's KV heads run in lockstep: half of chunk_tokens (8 KiB of
+// each head's K rows), since a lockstep step reads that much of every head. Against
+// chunk_tokens itself: 1.00-1.25x (fp32) and 1.00-1.10x (bf16) at 32 / 8 heads of 128 on a
+// 2-core Zen 4 (docs/BENCHMARKS.md).
+template <CacheType CT>
+inline int lockstep_tokens(int head_dim) {
+  const int t = chunk_tokens<CT>(head_dim) / 2;
+  return t < 16 ? 16 : t;
+}
+
+// The token a task's rows read up to: token_end clipped to its rows' largest limit.
+inline int task_end(const AttendTask& t) {
+  int end = 0;
+  for (int r = 0; r < t.num_rows; ++r) end = end > t.row_limit[r] ? end : t.row_limit[r];
+  return end < t.token_end ? end : t.token_end;
+}
+
+// Runs the KV heads of one sequence in lockstep from their common token_begin (each task its
+// own head, block table, query, state and end, task_end; decode: every row of a task sees all
+// of its range, so reading a chunk covers all of it and the next one's prefetch is whole): for
+// each chunk of lockstep_tokens, attend(h, chunk, next) for every head whose range it is in,
+// with that head's rows of the chunk and of its next one (null at its last chunk), which
+// attend prefetches as it reads.
+// A block holds its KV heads one after another, so the reads walk each block's heads in address
+// order (long runs, as with large blocks) instead of one head's block_size rows per block; the
+// hardware and the TLB see one stream where per-head tasks see scattered short runs.
+// num <= kMaxLockstepHeads (engine.h).
+template <CacheType CT, class Attend>
+void chunks_in_lockstep(const AttendTask* tasks, int num, Attend&& attend) {
+  const int begin = tasks[0].token_begin;
+  const int tokens = lockstep_tokens<CT>(tasks[0].head_dim);
+  int ends[kMaxLockstepHeads];
+  int last = begin;
+  Chunk c, a;
+  for (int h = 0; h < num; ++h) {  // the first chunk of every head: requested at once
+    ends[h] = task_end(tasks[h]);
+    if (ends[h] <= begin) continue;
+    last = last > ends[h] ? last : ends[h];
+    gather_chunk<CT>(tasks[h], begin, ends[h] - begin < tokens ? ends[h] - begin : tokens, &c);
+    prefetch_chunk<CT>(c, tasks[h].head_dim);
+  }
+  for (int pos = begin; pos < last; pos += tokens) {
+    const int next = pos + tokens;
+    for (int h = 0; h < num; ++h) {
+      const int end = ends[h];
+      if (pos >= end) continue;
+      gather_chunk<CT>(tasks[h], pos, end - pos < tokens ? end - pos : tokens, &c);
+      if (next < end) gather_chunk<CT>(tasks[h], next, end - next < tokens ? end - next : tokens, &a);
+      attend(h, static_cast<const Chunk&>(c), next < end ? &a : nullptr);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pagedllm::kernels

@@ -86,7 +86,14 @@ struct EngineOps {
   void (*prefill)(const AttendTask& task, float* work);
   // Floats of scratch `prefill` needs for a task of num_rows rows of head_dim.
   long long (*prefill_work_floats)(int num_rows, int head_dim);
+  // Runs `num` (<= kMaxLockstepHeads) decode tasks of one sequence's KV heads in lockstep: the
+  // same token_begin, each its own head, block table, end, query and state; every row of a task
+  // sees all of its range. Each task's results are attend's on a range cut into chunks of
+  // lockstep_tokens (chunk_rows.h).
+  void (*attend_heads)(const AttendTask* tasks, int num);
 };
+
+constexpr int kMaxLockstepHeads = 64;  // EngineOps::attend_heads: tasks per call, at most
 
 // The engine the attention calls dispatch to (attention.cpp: chosen at the first call).
 const EngineOps& current_engine();

@@ -160,7 +160,8 @@ const EngineOps& avx2_engine() {
   static const EngineOps ops{"avx2", &PAGEDLLM_ENGINE_NS::attend_task,
                              PAGEDLLM_ENGINE_NS::kE4M3ReadMul, &PAGEDLLM_ENGINE_NS::score_bounds,
                              &PAGEDLLM_ENGINE_NS::prefill_task,
-                             &PAGEDLLM_ENGINE_NS::prefill_work_floats};
+                             &PAGEDLLM_ENGINE_NS::prefill_work_floats,
+                             &PAGEDLLM_ENGINE_NS::attend_heads};
   return ops;
 }
 

@@ -367,12 +367,11 @@ void attend_typed(const AttendTask& task, const uint16_t* qb) {
   }
 }
 
-// One slice of <= kMaxRows rows: q to bf16 (in the keys' order), acc permuted in, the chunk
-// loop, acc permuted out.
+// A task's rows (<= kMaxRows) into the decode's form: q to bf16 (in the keys' order) into qb,
+// acc permuted in.
 template <CacheType CT>
-void attend_slice(const AttendTask& task) {
+void enter_rows(const AttendTask& task, uint16_t* qb) {
   const int hd = task.head_dim;
-  alignas(64) uint16_t qb[kMaxRows * kMaxHeadDim];
   alignas(64) float qrow[kMaxHeadDim];
   for (int r = 0; r < task.num_rows; ++r) {
     for (int e = 0; e < hd; ++e) qrow[query_pos<CT>(e, hd)] = task.q[r * hd + e];
@@ -382,8 +381,38 @@ void attend_slice(const AttendTask& task) {
     }
     permute_acc<CT>(task.acc + r * hd, hd, true);
   }
+}
+
+// acc permuted back out.
+template <CacheType CT>
+void leave_rows(const AttendTask& task) {
+  for (int r = 0; r < task.num_rows; ++r) permute_acc<CT>(task.acc + r * task.head_dim, task.head_dim, false);
+}
+
+// One slice of <= kMaxRows rows: in, the chunk loop, out.
+template <CacheType CT>
+void attend_slice(const AttendTask& task) {
+  alignas(64) uint16_t qb[kMaxRows * kMaxHeadDim];
+  enter_rows<CT>(task, qb);
   attend_typed<CT>(task, qb);
-  for (int r = 0; r < task.num_rows; ++r) permute_acc<CT>(task.acc + r * hd, hd, false);
+  leave_rows<CT>(task);
+}
+
+// The KV heads of one sequence in lockstep (chunks_in_lockstep), every head's rows in bf16 in
+// one buffer (num x num_rows x head_dim <= kMaxRows x kMaxHeadDim).
+template <CacheType CT>
+void heads_typed(const AttendTask* tasks, int num) {
+  const long long per_head = static_cast<long long>(tasks[0].num_rows) * tasks[0].head_dim;
+  alignas(64) uint16_t qb[kMaxRows * kMaxHeadDim];
+  for (int h = 0; h < num; ++h) enter_rows<CT>(tasks[h], qb + h * per_head);
+  chunks_in_lockstep<CT>(tasks, num, [&](int h, const Chunk& c, const Chunk* next) {
+    const AttendTask& t = tasks[h];
+    for (int row0 = 0; row0 < t.num_rows; row0 += kTile) {
+      attend_rows<CT>(t, qb + h * per_head, row0, imin(kTile, t.num_rows - row0), c,
+                      row0 == 0 ? next : nullptr);
+    }
+  });
+  for (int h = 0; h < num; ++h) leave_rows<CT>(tasks[h]);
 }
 
 bool decodes(CacheType cache_dtype, int head_dim) {
@@ -417,6 +446,27 @@ void attend_task(const AttendTask& task) {
   }
 }
 
+// The engine's attend_heads: bf16 / fp8 K/V (as attend_task) in lockstep when every head's
+// query rows fit one bf16 buffer, each head on its own otherwise; everything else through the
+// avx512 engine.
+void attend_heads(const AttendTask* tasks, int num) {
+  const AttendTask& t0 = tasks[0];
+  if (!decodes(t0.cache_dtype, t0.head_dim)) {
+    avx512_engine().attend_heads(tasks, num);
+    return;
+  }
+  if (t0.num_rows > kMaxRows ||
+      static_cast<long long>(num) * t0.num_rows * t0.head_dim > kMaxRows * kMaxHeadDim) {
+    for (int h = 0; h < num; ++h) attend_task(tasks[h]);
+    return;
+  }
+  switch (t0.cache_dtype) {
+    case CacheType::kBFloat16: heads_typed<CacheType::kBFloat16>(tasks, num); return;
+    case CacheType::kFp8E4M3: heads_typed<CacheType::kFp8E4M3>(tasks, num); return;
+    default: heads_typed<CacheType::kFp8E5M2>(tasks, num); return;
+  }
+}
+
 }  // namespace
 }  // namespace avx512_bf16_engine_ns
 
@@ -431,6 +481,7 @@ const EngineOps& avx512_bf16_engine() {
     EngineOps o = avx512_engine();
     o.name = "avx512_bf16";
     o.attend = &avx512_bf16_engine_ns::attend_task;
+    o.attend_heads = &avx512_bf16_engine_ns::attend_heads;
     return o;
   }();
   return ops;

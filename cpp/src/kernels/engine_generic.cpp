@@ -110,7 +110,8 @@ const EngineOps& generic_engine() {
   static const EngineOps ops{"generic", &PAGEDLLM_ENGINE_NS::attend_task,
                              PAGEDLLM_ENGINE_NS::kE4M3ReadMul, &PAGEDLLM_ENGINE_NS::score_bounds,
                              &PAGEDLLM_ENGINE_NS::prefill_task,
-                             &PAGEDLLM_ENGINE_NS::prefill_work_floats};
+                             &PAGEDLLM_ENGINE_NS::prefill_work_floats,
+                             &PAGEDLLM_ENGINE_NS::attend_heads};
   return ops;
 }
 
