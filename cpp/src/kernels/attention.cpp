@@ -192,7 +192,7 @@ void merge_partials(const AttentionParams& p, int parts, int group,
 // Decode with each sequence's KV heads in lockstep (EngineOps::attend_heads): units are
 // (sequence, partition), each running all KV heads of its range chunk by chunk, so the reads
 // walk each block's heads in address order. Against one task per (sequence, KV head), on a
-// 2-core Zen 4 at block 16 (docs/BENCHMARKS.md): 1.05-1.33x on the decode kernel. p is
+// 2-core Zen 4 at block 16 (docs/BENCHMARKS.md): 1.05-1.48x on the decode kernel. p is
 // validated; with a SparseView each head reads its own compacted list (lockstep by position).
 void run_decode_heads(const AttentionParams& p, const SparseView* sv, const EngineOps& ops) {
   const bool in_engine = attend_scales(ops, p);

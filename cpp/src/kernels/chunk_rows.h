@@ -87,8 +87,8 @@ void prefetch_chunk(const Chunk& c, int head_dim) {
 
 // Tokens per chunk when a sequence's KV heads run in lockstep: half of chunk_tokens (8 KiB of
 // each head's K rows), since a lockstep step reads that much of every head. Against
-// chunk_tokens itself: 1.00-1.25x (fp32) and 1.00-1.10x (bf16) at 32 / 8 heads of 128 on a
-// 2-core Zen 4 (docs/BENCHMARKS.md).
+// chunk_tokens itself (with a whole chunk prefetched ahead): 1.01-1.24x (fp32) and 1.00-1.12x
+// (bf16) at 32 / 8 heads of 128 on a 2-core Zen 4 (docs/BENCHMARKS.md).
 template <CacheType CT>
 inline int lockstep_tokens(int head_dim) {
   const int t = chunk_tokens<CT>(head_dim) / 2;
@@ -102,12 +102,18 @@ inline int task_end(const AttendTask& t) {
   return end < t.token_end ? end : t.token_end;
 }
 
+// Head-chunks (one head's rows of one chunk, 16 KiB of K and V at lockstep_tokens) that the
+// lockstep loop prefetches ahead of the one computing: about the 64 KiB the per-head loop keeps
+// in flight (kAhead chunks). Against one whole chunk (every head) ahead: 1.01-1.25x on a 2-core
+// Zen 4 (2 and 4 alike, 1 less on bf16; docs/BENCHMARKS.md).
+constexpr int kLockstepAhead = 4;
+
 // Runs the KV heads of one sequence in lockstep from their common token_begin (each task its
 // own head, block table, query, state and end, task_end; decode: every row of a task sees all
-// of its range, so reading a chunk covers all of it and the next one's prefetch is whole): for
-// each chunk of lockstep_tokens, attend(h, chunk, next) for every head whose range it is in,
-// with that head's rows of the chunk and of its next one (null at its last chunk), which
-// attend prefetches as it reads.
+// of its range, so reading a chunk covers all of it and a prefetched one is whole): step
+// (chunk i, head h) calls attend(h, head h's rows of chunk i, next) for every head whose range
+// reaches chunk i, `next` being the rows of the step kLockstepAhead later (null past the end),
+// which attend prefetches as it reads.
 // A block holds its KV heads one after another, so the reads walk each block's heads in address
 // order (long runs, as with large blocks) instead of one head's block_size rows per block; the
 // hardware and the TLB see one stream where per-head tasks see scattered short runs.
@@ -118,22 +124,26 @@ void chunks_in_lockstep(const AttendTask* tasks, int num, Attend&& attend) {
   const int tokens = lockstep_tokens<CT>(tasks[0].head_dim);
   int ends[kMaxLockstepHeads];
   int last = begin;
-  Chunk c, a;
-  for (int h = 0; h < num; ++h) {  // the first chunk of every head: requested at once
+  for (int h = 0; h < num; ++h) {
     ends[h] = task_end(tasks[h]);
-    if (ends[h] <= begin) continue;
     last = last > ends[h] ? last : ends[h];
-    gather_chunk<CT>(tasks[h], begin, ends[h] - begin < tokens ? ends[h] - begin : tokens, &c);
-    prefetch_chunk<CT>(c, tasks[h].head_dim);
+  }
+  Chunk c, a;
+  // Gathers head h's rows of the chunk at pos into *out; false past that head's end.
+  const auto gather = [&](int h, int pos, Chunk* out) {
+    if (pos >= ends[h]) return false;
+    gather_chunk<CT>(tasks[h], pos, ends[h] - pos < tokens ? ends[h] - pos : tokens, out);
+    return true;
+  };
+  for (int k = 0; k < kLockstepAhead; ++k) {  // the first steps: requested at once
+    if (gather(k % num, begin + k / num * tokens, &c)) prefetch_chunk<CT>(c, tasks[0].head_dim);
   }
   for (int pos = begin; pos < last; pos += tokens) {
-    const int next = pos + tokens;
     for (int h = 0; h < num; ++h) {
-      const int end = ends[h];
-      if (pos >= end) continue;
-      gather_chunk<CT>(tasks[h], pos, end - pos < tokens ? end - pos : tokens, &c);
-      if (next < end) gather_chunk<CT>(tasks[h], next, end - next < tokens ? end - next : tokens, &a);
-      attend(h, static_cast<const Chunk&>(c), next < end ? &a : nullptr);
+      if (!gather(h, pos, &c)) continue;
+      const int ahead = h + kLockstepAhead;
+      const bool has_next = gather(ahead % num, pos + ahead / num * tokens, &a);
+      attend(h, static_cast<const Chunk&>(c), has_next ? &a : nullptr);
     }
   }
 }
