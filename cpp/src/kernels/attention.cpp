@@ -35,7 +35,12 @@ namespace pagedllm::kernels {
 namespace {
 
 constexpr int kMinPartition = 256;  // tokens: smaller partitions cost more to merge than save
-constexpr int kPrefillRows = 64;    // query rows (tokens x GQA group) per prefill task
+// Query rows (tokens x GQA group) per prefill task: each staged K/V tile then serves more row
+// vectors (192 against 64: 1.03-1.10x on the prefill kernel, 1.01-1.03x end to end on "tiny"
+// long prompts, 2-core Zen 4, docs/BENCHMARKS.md); kPrefillRowsFew when the larger tasks would
+// leave fewer than 4 per thread.
+constexpr int kPrefillRows = 192;
+constexpr int kPrefillRowsFew = 64;
 
 // The engine the calls dispatch to (null until the first call), and whether it was chosen as
 // "auto" (not named by PAGEDLLM_CPU_ENGINE or set_cpu_engine).
@@ -401,7 +406,15 @@ void run_prefill(const AttentionParams& p, const SparseView* sv) {
   const int kvh_count = p.cache.num_kv_heads;
   const int group = p.num_heads / kvh_count;
   const int hd = p.cache.head_dim;
-  const int tile_tokens = std::max(1, kPrefillRows / group);
+  const auto tiles_of = [&](int tile_tokens) {
+    int64_t n = 0;
+    for (int s = 0; s < p.num_seqs; ++s)
+      n += (p.cu_seqlens_q[s + 1] - p.cu_seqlens_q[s] + tile_tokens - 1) / tile_tokens;
+    return n;
+  };
+  int tile_tokens = std::max(1, kPrefillRows / group);
+  if (tiles_of(tile_tokens) * kvh_count < 4 * static_cast<int64_t>(get_num_threads()))
+    tile_tokens = std::max(1, kPrefillRowsFew / group);
   const float qmul = query_mul(p, ops);
   const bool bf16_dot = cpu_features().avx512bf16;
   // A bf16 model's probabilities go to p.v rounded to bf16, as its own attention rounds them

@@ -5,7 +5,7 @@
 // thread (decode steps of a few sequences over long cross contexts), the key ranges are cut
 // into partitions of >= kMinPartition tokens whose partial (max, sum, acc) are merged.
 //
-// Tiles are consecutive query tokens of one sequence (kPrefillRows rows of tokens x GQA
+// Tiles are consecutive query tokens of one sequence (kCrossRows rows of tokens x GQA
 // group), so K/V are read once per tile for the whole group; consecutive tokens of a Mllama
 // prompt mostly share one range (all tokens after an image see the same images), so a tile's
 // union is rarely wider than its rows' ranges. Tiles with the widest unions start first.
