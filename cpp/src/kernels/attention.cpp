@@ -6,12 +6,12 @@
 //
 // Decode with 2-64 KV heads of up to 32 KiB per block each: units are (sequence, partition),
 // each running all of the sequence's KV heads in lockstep chunk by chunk
-// (EngineOps::attend_heads), so the reads walk each block's heads in address order. When there are fewer sequences than ~4 units per
-// thread, each context is split into partitions of >= kMinPartition tokens (flash-decoding),
-// whose partial (max, sum, acc) are merged afterwards, so a single long sequence still uses
-// every core. Otherwise (one KV head, more than 64, or longer runs per head and block): tasks
-// are (sequence, kv head, partition), partitioned the same way counting (sequence, kv head)
-// pairs.
+// (EngineOps::attend_heads), so the reads walk each block's heads in address order. When there
+// are fewer sequences than ~4 units per thread, each context is split into partitions of
+// >= kMinPartition tokens (flash-decoding), whose partial (max, sum, acc) are merged
+// afterwards, so a single long sequence still uses every core. Otherwise (one KV head, more
+// than 64, or longer runs per head and block): tasks are (sequence, kv head, partition),
+// partitioned the same way counting (sequence, kv head) pairs.
 // Prefill: tasks are (sequence, kv head, tile of query tokens); rows are token-major so a
 // register tile holds consecutive tokens of the group and their causal limits stay close. They
 // run the engine's GEMM-shaped prefill tile (engine_prefill_impl.h).
@@ -217,7 +217,8 @@ void run_decode_heads(const AttentionParams& p, const SparseView* sv, const Engi
   std::vector<int> seq_len(static_cast<size_t>(p.num_seqs), 0);
   int max_len = 0;
   for (int s = 0; s < p.num_seqs; ++s) {
-    for (int h = 0; h < (sv ? kvh_count : 1); ++h) seq_len[s] = std::max(seq_len[s], context(s, h));
+    for (int h = 0; h < (sv ? kvh_count : 1); ++h)
+      seq_len[s] = std::max(seq_len[s], context(s, h));
     max_len = std::max(max_len, seq_len[s]);
   }
   // Partitions: as run_decode's, counting sequences (not (sequence, KV head) pairs) as units.

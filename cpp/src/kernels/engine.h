@@ -88,8 +88,8 @@ struct EngineOps {
   long long (*prefill_work_floats)(int num_rows, int head_dim);
   // Runs `num` (<= kMaxLockstepHeads) decode tasks of one sequence's KV heads in lockstep: the
   // same token_begin, each its own head, block table, end, query and state; every row of a task
-  // sees all of its range. Each task's results are attend's on a range cut into chunks of
-  // lockstep_tokens (chunk_rows.h).
+  // sees all of its range. Each task's results are attend's up to rounding (the online
+  // softmax may step at other chunk boundaries: lockstep_tokens, chunk_rows.h).
   void (*attend_heads)(const AttendTask* tasks, int num);
 };
 

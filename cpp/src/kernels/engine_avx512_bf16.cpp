@@ -386,7 +386,8 @@ void enter_rows(const AttendTask& task, uint16_t* qb) {
 // acc permuted back out.
 template <CacheType CT>
 void leave_rows(const AttendTask& task) {
-  for (int r = 0; r < task.num_rows; ++r) permute_acc<CT>(task.acc + r * task.head_dim, task.head_dim, false);
+  const int hd = task.head_dim;
+  for (int r = 0; r < task.num_rows; ++r) permute_acc<CT>(task.acc + r * hd, hd, false);
 }
 
 // One slice of <= kMaxRows rows: in, the chunk loop, out.

@@ -17,7 +17,8 @@
 //   caller folds into the query and output scales; every other type reads exactly)
 // (with kW = 8 the "8" forms are the full ones and are never reached: head_dim is a multiple
 // of 8; with kW = 16 they handle a head_dim tail of 8 elements, and must not read past them)
-// then includes this file, which adds attend_task() in the same namespaces. Everything has
+// then includes this file, which adds attend_task() and attend_heads() (a sequence's KV heads
+// in lockstep, chunk_rows.h) in the same namespaces. Everything has
 // internal linkage, so the compilations never meet at link time (no ODR hazard), and this
 // file uses no standard-library code for the same reason.
 //
