@@ -80,21 +80,23 @@ inline void vsum_tile(const V* a, float* out) {
 // fp8 e4m3fn bytes, sign-extended to 16-bit lanes, as IEEE halves of value * 2^-8, exact
 // (subnormals included; the NaN byte gives a half NaN): shifting left by 7 gives
 // s s eeee mmm 0000000 (the AVX2 engine's shift trick, one instruction shorter); clearing bit 14
-// leaves a half whose exponent is the fp8 one rebiased by -8.
+// leaves a half whose exponent is the fp8 one rebiased by -8. Bit 14 is taken instead from
+// (magnitude bits + 1 in their lowest place), which carries into it only from the NaN byte's
+// seven ones: s 1 1111 111 is a half NaN. Three instructions after the shift (the
+// select is one vpternlog), where two ands, a compare, an or and a masked move took five:
+// 1.03-1.07x on fp8 e4m3 decode with an fp32 query (2-core Zen 4, docs/BENCHMARKS.md).
 inline __m256i e4m3_to_half(__m256i sx) {
   const __m256i t = _mm256_slli_epi16(sx, 7);
-  const __m256i h = _mm256_and_si256(t, _mm256_set1_epi16(static_cast<short>(0xBFFF)));
-  const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(t, _mm256_set1_epi16(0x3F80)),
-                                                _mm256_set1_epi16(0x3F80));
-  return _mm256_mask_mov_epi16(h, nan, _mm256_or_si256(h, _mm256_set1_epi16(0x7E00)));
+  const __m256i carry = _mm256_add_epi16(_mm256_and_si256(t, _mm256_set1_epi16(0x3F80)),
+                                         _mm256_set1_epi16(0x0080));
+  return _mm256_ternarylogic_epi32(_mm256_set1_epi16(0x4000), carry, t, 0xCA);  // bit 14 ? c : t
 }
 
 inline __m512i e4m3_to_half(__m512i sx) {
   const __m512i t = _mm512_slli_epi16(sx, 7);
-  const __m512i h = _mm512_and_si512(t, _mm512_set1_epi16(static_cast<short>(0xBFFF)));
-  const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(t, _mm512_set1_epi16(0x3F80)),
-                                                _mm512_set1_epi16(0x3F80));
-  return _mm512_mask_mov_epi16(h, nan, _mm512_or_si512(h, _mm512_set1_epi16(0x7E00)));
+  const __m512i carry = _mm512_add_epi16(_mm512_and_si512(t, _mm512_set1_epi16(0x3F80)),
+                                         _mm512_set1_epi16(0x0080));
+  return _mm512_ternarylogic_epi32(_mm512_set1_epi16(0x4000), carry, t, 0xCA);  // bit 14 ? c : t
 }
 
 constexpr float kE4M3ReadMul = 1.0f / 256.0f;  // e4m3 reads come out times 2^-8
