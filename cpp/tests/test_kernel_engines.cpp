@@ -1,7 +1,8 @@
 // Every CPU attention engine against a double-precision reference, over the storage types and
 // the shapes that select different code paths of the 8- and 16-lane engines: head_dim tails
 // (not a multiple of 16 or 32), GQA groups 1..8 (register tiles of 1..8 rows), block sizes 1..256,
-// context 0, partial last blocks, prefill's causal rows and the prefill tile's edges. Built into
+// context 0, partial last blocks, block-sparse lists per KV head (the heads in lockstep over
+// ranges of different ends), prefill's causal rows and the prefill tile's edges. Built into
 // the sanitizer run too. avx512_bf16 (bf16 dot products for bf16 / fp8 storage) is checked at
 // its bf16 bound there.
 #include <gtest/gtest.h>
@@ -90,23 +91,36 @@ struct Cache {
 
   // Double-precision attention of query row q (head h of sequence s) over keys [0, limit).
   std::vector<double> reference(const float* q, int s, int h, int limit) const {
+    return reference_over(q, s, h, prefix(limit));
+  }
+
+  // The same over the key positions `keys` only (a block-sparse selection).
+  std::vector<double> reference_over(const float* q, int s, int h,
+                                     const std::vector<int>& keys) const {
     const int g = h / (heads / kvh);
-    std::vector<double> scores(limit), out(hd, 0.0);
+    const int n = static_cast<int>(keys.size());
+    std::vector<double> scores(n), out(hd, 0.0);
     double m = -INFINITY, sum = 0.0;
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    for (int t = 0; t < limit; ++t) {
+    for (int i = 0; i < n; ++i) {
       double dot = 0.0;
-      for (int d = 0; d < hd; ++d) dot += q[d] * at(k, k_scale, s, g, t, d);
-      scores[t] = dot * scale;
-      m = std::max(m, scores[t]);
+      for (int d = 0; d < hd; ++d) dot += q[d] * at(k, k_scale, s, g, keys[i], d);
+      scores[i] = dot * scale;
+      m = std::max(m, scores[i]);
     }
-    for (int t = 0; t < limit; ++t) {
-      const double w = std::exp(scores[t] - m);
+    for (int i = 0; i < n; ++i) {
+      const double w = std::exp(scores[i] - m);
       sum += w;
-      for (int d = 0; d < hd; ++d) out[d] += w * at(v, v_scale, s, g, t, d);
+      for (int d = 0; d < hd; ++d) out[d] += w * at(v, v_scale, s, g, keys[i], d);
     }
     for (auto& x : out) x = sum > 0 ? x / sum : 0.0;
     return out;
+  }
+
+  static std::vector<int> prefix(int limit) {
+    std::vector<int> keys(static_cast<size_t>(limit));
+    std::iota(keys.begin(), keys.end(), 0);
+    return keys;
   }
 
   // Per-element error bound of the avx512_bf16 engine (query and probabilities rounded to
@@ -116,27 +130,35 @@ struct Cache {
   // (E_t = 0): only the probabilities' rounding is left.
   std::vector<double> bf16_bound(const float* q, int s, int h, int limit,
                                  const std::vector<double>& ref, bool exact_scores = false) const {
+    return bf16_bound_over(q, s, h, prefix(limit), ref, exact_scores);
+  }
+
+  // The same over the key positions `keys` only.
+  std::vector<double> bf16_bound_over(const float* q, int s, int h, const std::vector<int>& keys,
+                                      const std::vector<double>& ref,
+                                      bool exact_scores = false) const {
     const int g = h / (heads / kvh);
+    const int n = static_cast<int>(keys.size());
     const double u = 1.0 / 256.0, scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    std::vector<double> scores(limit), err(limit), bound(hd, 0.0);
+    std::vector<double> scores(n), err(n), bound(hd, 0.0);
     double m = -INFINITY, sum = 0.0, e_bar = 0.0;
-    for (int t = 0; t < limit; ++t) {
+    for (int i = 0; i < n; ++i) {
       double dot = 0.0, mag = 0.0;
       for (int d = 0; d < hd; ++d) {
-        const double kd = at(k, k_scale, s, g, t, d);
+        const double kd = at(k, k_scale, s, g, keys[i], d);
         dot += q[d] * kd;
         mag += std::abs(q[d] * kd);
       }
-      scores[t] = dot * scale;
-      err[t] = exact_scores ? 0.0 : u * scale * mag;
-      m = std::max(m, scores[t]);
+      scores[i] = dot * scale;
+      err[i] = exact_scores ? 0.0 : u * scale * mag;
+      m = std::max(m, scores[i]);
     }
-    for (int t = 0; t < limit; ++t) sum += std::exp(scores[t] - m);
-    for (int t = 0; t < limit; ++t) e_bar += std::exp(scores[t] - m) / sum * err[t];
-    for (int t = 0; t < limit; ++t) {
-      const double c = std::exp(scores[t] - m) / sum * (err[t] + e_bar + 2 * u);
+    for (int i = 0; i < n; ++i) sum += std::exp(scores[i] - m);
+    for (int i = 0; i < n; ++i) e_bar += std::exp(scores[i] - m) / sum * err[i];
+    for (int i = 0; i < n; ++i) {
+      const double c = std::exp(scores[i] - m) / sum * (err[i] + e_bar + 2 * u);
       for (int d = 0; d < hd; ++d)
-        bound[d] += c * (std::abs(at(v, v_scale, s, g, t, d)) + std::abs(ref[d]));
+        bound[d] += c * (std::abs(at(v, v_scale, s, g, keys[i], d)) + std::abs(ref[d]));
     }
     for (auto& b : bound) b *= 1.25;
     return bound;
@@ -159,19 +181,25 @@ void expect_close(const float* out, const std::vector<double>& ref, const std::s
   }
 }
 
-// expect_close for query row q (head h of sequence s, keys [0, limit)) of cache c, with the
-// bf16 bound when the engine rounds for c's storage type.
-void expect_row(const Cache& c, const float* out, const float* q, int s, int h, int limit,
-                const std::string& what) {
-  const std::vector<double> ref = c.reference(q, s, h, limit);
+// expect_close for query row q (head h of sequence s, the key positions `keys`) of cache c, with
+// the bf16 bound when the engine rounds for c's storage type.
+void expect_row_over(const Cache& c, const float* out, const float* q, int s, int h,
+                     const std::vector<int>& keys, const std::string& what) {
+  const std::vector<double> ref = c.reference_over(q, s, h, keys);
   const bool rounds = g_rounding_engine && c.ct != pk::CacheType::kFloat32 &&
                       c.ct != pk::CacheType::kFloat16;
   if (!rounds) {
     expect_close(out, ref, what);
     return;
   }
-  const std::vector<double> bound = c.bf16_bound(q, s, h, limit, ref);
+  const std::vector<double> bound = c.bf16_bound_over(q, s, h, keys, ref);
   expect_close(out, ref, what, &bound);
+}
+
+// The same over keys [0, limit).
+void expect_row(const Cache& c, const float* out, const float* q, int s, int h, int limit,
+                const std::string& what) {
+  expect_row_over(c, out, q, s, h, Cache::prefix(limit), what);
 }
 
 using Case = std::tuple<std::string, pk::CacheType>;  // engine, storage type
@@ -227,6 +255,55 @@ TEST_P(EngineStorage, DecodeBlockSizesAndLongContext) {
   }
   Cache c(ct(), 1, 4, 64, 16, {1500});  // one sequence: split-K partitions, merged
   check_decode(c, "split-K");
+  Cache lockstep(ct(), 4, 8, 64, 16, {1500});  // the same with KV heads in lockstep
+  check_decode(lockstep, "split-K, 4 KV heads");
+}
+
+TEST_P(EngineStorage, DecodeSparsePerHeadLists) {
+  // Block-sparse decode with a list per (sequence, KV head) of different lengths: the heads run
+  // in lockstep over ranges that end at different positions (and one head lists nothing). Two
+  // sequences, 4 KV heads, a 1200-token context cut into partitions.
+  const int kvh = 4, heads = 8, bs = 16;
+  Cache c(ct(), kvh, heads, 64, bs, {1200, 45});
+  std::vector<int32_t> indptr{0}, indices;
+  std::vector<std::vector<int>> keys;  // per (sequence, KV head): the key positions listed
+  for (int s = 0; s < 2; ++s) {
+    const int blocks = (c.lens[s] + bs - 1) / bs;
+    for (int g = 0; g < kvh; ++g) {
+      std::vector<int> k;
+      for (int b = 0; b < blocks; ++b) {
+        const bool keep = g == 0 || (g == 1 && b % 2 == 0) || (g == 2 && b >= blocks - 3);
+        if (!keep) continue;  // head 3 lists nothing
+        indices.push_back(b);
+        for (int t = b * bs; t < std::min((b + 1) * bs, c.lens[s]); ++t) k.push_back(t);
+      }
+      indptr.push_back(static_cast<int32_t>(indices.size()));
+      keys.push_back(k);
+    }
+  }
+  const int n = 2;
+  std::vector<float> q(static_cast<size_t>(n) * heads * c.hd), out(q.size(), NAN);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n01;
+  for (auto& x : q) x = n01(rng);
+  pk::BlockSparseParams sp;
+  sp.indptr = indptr.data();
+  sp.num_lists = n * kvh;
+  sp.indices = indices.data();
+  sp.num_indices = static_cast<int32_t>(indices.size());
+  pk::paged_attention_decode_sparse(c.params(out.data(), q.data(), n), sp);
+  for (int s = 0; s < n; ++s) {
+    for (int h = 0; h < heads; ++h) {
+      const size_t row = (static_cast<size_t>(s) * heads + h) * c.hd;
+      const std::string what = "seq " + std::to_string(s) + " head " + std::to_string(h);
+      const std::vector<int>& k = keys[static_cast<size_t>(s * kvh + h / (heads / kvh))];
+      if (k.empty()) {
+        for (int d = 0; d < c.hd; ++d) ASSERT_EQ(out[row + d], 0.0f) << what << " d=" << d;
+        continue;
+      }
+      expect_row_over(c, out.data() + row, q.data() + row, s, h, k, what);
+    }
+  }
 }
 
 TEST_P(EngineStorage, DecodeDotProductShapes) {
