@@ -158,22 +158,42 @@ bool attend_scales(const EngineOps& ops, const AttentionParams& p) {
 #endif
 }
 
-// Partition length (tokens) for decode: the whole context unless that leaves threads idle.
-int decode_partition_len(const AttentionParams& p, int max_len) {
-  const int64_t pairs = static_cast<int64_t>(p.num_seqs) * p.cache.num_kv_heads;
+// Partition length (tokens) for decode over `units` units of work (sequences, or (sequence, KV
+// head) pairs) of up to max_len tokens: the whole context unless that leaves threads idle.
+int decode_partition_len(int64_t units, int max_len) {
   const int64_t wanted = 4 * static_cast<int64_t>(get_num_threads());
-  if (pairs >= wanted || max_len <= kMinPartition) return std::max(max_len, 1);
-  const int64_t parts = (wanted + pairs - 1) / pairs;
+  if (units >= wanted || max_len <= kMinPartition) return std::max(max_len, 1);
+  const int64_t parts = (wanted + units - 1) / units;
   int64_t len = (max_len + parts - 1) / parts;
   len = std::max<int64_t>(kMinPartition, (len + 63) / 64 * 64);
   return static_cast<int>(len);
 }
 
-// Merges decode's split-K partials ([num_seqs, kv heads, parts, group] x (max, sum, acc[hd])) and
-// writes the outputs: out = sum_j acc_j e^(m_j - m) / sum_j l_j e^(m_j - m), m = max_j m_j.
-void merge_partials(const AttentionParams& p, int parts, int group,
-                    const std::vector<float>& part_max, const std::vector<float>& part_sum,
-                    const std::vector<float>& part_acc, float vmul) {
+// Decode's split-K partials, [num_seqs, kv heads, parts, group] x (max, sum, acc[hd]); empty
+// when parts == 1.
+struct Partials {
+  std::vector<float> max, sum, acc;
+
+  Partials(const AttentionParams& p, int parts, int group) {
+    if (parts == 1) return;
+    const int64_t n = static_cast<int64_t>(p.num_seqs) * p.cache.num_kv_heads * parts * group;
+    max.assign(n, -INFINITY);
+    sum.assign(n, 0.0f);
+    acc.assign(n * p.cache.head_dim, 0.0f);
+  }
+
+  // Points t's state at the partials from row `base` of the layout above.
+  void bind(AttendTask& t, int64_t base) {
+    t.acc = acc.data() + base * t.head_dim;
+    t.row_max = max.data() + base;
+    t.row_sum = sum.data() + base;
+  }
+};
+
+// Merges decode's split-K partials and writes the outputs:
+// out = sum_j acc_j e^(m_j - m) / sum_j l_j e^(m_j - m), m = max_j m_j.
+void merge_partials(const AttentionParams& p, int parts, int group, const Partials& pa,
+                    float vmul) {
   const int kvh_count = p.cache.num_kv_heads;
   const int hd = p.cache.head_dim;
   parallel_for(static_cast<int64_t>(p.num_seqs) * kvh_count, [&](int64_t pair, int) {
@@ -183,15 +203,15 @@ void merge_partials(const AttentionParams& p, int parts, int group,
     merged.assign(hd, 0.0f);
     for (int g = 0; g < group; ++g) {
       float m = -INFINITY;
-      for (int j = 0; j < parts; ++j) m = std::max(m, part_max[(pair * parts + j) * group + g]);
+      for (int j = 0; j < parts; ++j) m = std::max(m, pa.max[(pair * parts + j) * group + g]);
       std::fill(merged.begin(), merged.end(), 0.0f);
       float l = 0.0f;
       for (int j = 0; j < parts && m != -INFINITY; ++j) {
         const int64_t k = (pair * parts + j) * group + g;
-        if (part_sum[k] == 0.0f) continue;
-        const float w = std::exp(part_max[k] - m);
-        l += part_sum[k] * w;
-        const float* a = part_acc.data() + k * hd;
+        if (pa.sum[k] == 0.0f) continue;
+        const float w = std::exp(pa.max[k] - m);
+        l += pa.sum[k] * w;
+        const float* a = pa.acc.data() + k * hd;
         for (int d = 0; d < hd; ++d) merged[d] += a[d] * w;
       }
       store_out(p, seq, kvh * group + g, merged.data(), l > 0.0f ? vmul / l : 0.0f);
@@ -221,25 +241,11 @@ void run_decode_heads(const AttentionParams& p, const SparseView* sv, const Engi
       seq_len[s] = std::max(seq_len[s], context(s, h));
     max_len = std::max(max_len, seq_len[s]);
   }
-  // Partitions: as run_decode's, counting sequences (not (sequence, KV head) pairs) as units.
-  int part_len = std::max(max_len, 1);
-  const int64_t wanted = 4 * static_cast<int64_t>(get_num_threads());
-  if (p.num_seqs < wanted && max_len > kMinPartition) {
-    const int64_t want_parts = (wanted + p.num_seqs - 1) / p.num_seqs;
-    const int64_t len = (max_len + want_parts - 1) / want_parts;
-    part_len = static_cast<int>(std::max<int64_t>(kMinPartition, (len + 63) / 64 * 64));
-  }
+  const int part_len = decode_partition_len(p.num_seqs, max_len);  // units: sequences
   const int parts = std::max(1, (max_len + part_len - 1) / part_len);
   const float qmul = query_mul(p, ops);
   const float vmul = value_mul(p, ops);
-  // Split-K partials: [num_seqs, kv heads, parts, group] x (max, sum, acc[hd]), as run_decode.
-  const int64_t num_partials = static_cast<int64_t>(p.num_seqs) * kvh_count * parts * group;
-  std::vector<float> part_max, part_sum, part_acc;
-  if (parts > 1) {
-    part_max.assign(num_partials, -INFINITY);
-    part_sum.assign(num_partials, 0.0f);
-    part_acc.assign(num_partials * hd, 0.0f);
-  }
+  Partials partials(p, parts, group);
   // Units (sequence, partition), longest sequences first: the threads take units in order
   // from a shared counter, so the last ones taken are the shortest and no thread is left with
   // a long one while the others idle.
@@ -273,10 +279,7 @@ void run_decode_heads(const AttentionParams& p, const SparseView* sv, const Engi
         t.row_max = s.row_max.data() + row0;
         t.row_sum = s.row_sum.data() + row0;
       } else {
-        const int64_t base = ((static_cast<int64_t>(seq) * kvh_count + h) * parts + part) * group;
-        t.acc = part_acc.data() + base * hd;
-        t.row_max = part_max.data() + base;
-        t.row_sum = part_sum.data() + base;
+        partials.bind(t, ((static_cast<int64_t>(seq) * kvh_count + h) * parts + part) * group);
       }
     }
     ops.attend_heads(tasks, kvh_count);
@@ -288,7 +291,7 @@ void run_decode_heads(const AttentionParams& p, const SparseView* sv, const Engi
     }
   });
   if (parts == 1) return;
-  merge_partials(p, parts, group, part_max, part_sum, part_acc, vmul);
+  merge_partials(p, parts, group, partials, vmul);
 }
 
 // Decode over every block (sv null) or the blocks of a SparseView; p is validated.
@@ -313,19 +316,11 @@ void run_decode(const AttentionParams& p, const SparseView* sv) {
   int max_len = 0;
   for (int s = 0; s < p.num_seqs; ++s)
     for (int h = 0; h < (sv ? kvh_count : 1); ++h) max_len = std::max(max_len, context(s, h));
-  const int part_len = decode_partition_len(p, max_len);
+  const int part_len = decode_partition_len(static_cast<int64_t>(p.num_seqs) * kvh_count, max_len);
   const int parts = std::max(1, (max_len + part_len - 1) / part_len);
   const float qmul = query_mul(p, ops);
   const float vmul = value_mul(p, ops);
-
-  // Split-K partials: [num_seqs, kv heads, parts, group] x (max, sum, acc[hd]).
-  const int64_t num_partials = static_cast<int64_t>(p.num_seqs) * kvh_count * parts * group;
-  std::vector<float> part_max, part_sum, part_acc;
-  if (parts > 1) {
-    part_max.assign(num_partials, -INFINITY);
-    part_sum.assign(num_partials, 0.0f);
-    part_acc.assign(num_partials * hd, 0.0f);
-  }
+  Partials partials(p, parts, group);
 
   // Units (sequence, KV head, partition), taken in runs of consecutive ones: while a unit
   // computes, the next unit's first K/V rows are requested (its own chunk prefetch starts only
@@ -390,10 +385,7 @@ void run_decode(const AttentionParams& p, const SparseView* sv) {
       }
       return;
     }
-    const int64_t base = i * group;  // partials are laid out in task order
-    t.acc = part_acc.data() + base * hd;
-    t.row_max = part_max.data() + base;
-    t.row_sum = part_sum.data() + base;
+    partials.bind(t, i * group);  // partials are laid out in task order
     ops.attend(t);
   };
   parallel_for(num_runs, [&](int64_t r, int) {
@@ -405,7 +397,7 @@ void run_decode(const AttentionParams& p, const SparseView* sv) {
   });
   if (parts == 1) return;
 
-  merge_partials(p, parts, group, part_max, part_sum, part_acc, vmul);
+  merge_partials(p, parts, group, partials, vmul);
 }
 
 // Prefill over every block (sv null) or the blocks of a SparseView; p is validated.
