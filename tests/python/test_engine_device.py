@@ -25,6 +25,20 @@ def test_resolve_device():
             resolve_device("cuda")
 
 
+def test_resolve_device_gives_cuda_an_index(monkeypatch):
+    # As on a machine with 2 visible GPUs, the second current (no GPU needed: torch.cuda's
+    # queries are replaced). torch >= 2.11's set_device refuses a device without an index.
+    monkeypatch.setattr(ops, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    with pytest.raises(RuntimeError, match=r"only 2 CUDA GPU\(s\) are visible"):
+        resolve_device("cuda:2")
+
+
 def test_model_dtype():
     assert model_dtype_for(torch.device("cpu")) == torch.float32
     assert model_dtype_for(torch.device("cpu"), torch.bfloat16) == torch.bfloat16

@@ -242,6 +242,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       if (wl < S::kTile) scores[g][wl] = p0;
       if (wl + 32 < S::kTile) scores[g][wl + 32] = p1;
       const float sum = group_sum<32>(p0 + p1);
+      __syncwarp();  // every lane has read row_max[g] before lane 0 writes it (racecheck)
       if (wl == 0) {
         const float alpha = __expf(m_old - m_use);
         row_sum[g] = row_sum[g] * alpha + sum;

@@ -21,10 +21,11 @@ def resolve_device(option: str = "auto") -> torch.device:
     Args:
         option: "auto" (the GPU when usable, else the CPU), "cpu" or "cuda" / "cuda:N".
     Returns:
-        The device.
+        The device; a CUDA one always with its index ("cuda" is the current GPU).
     Raises:
         ValueError: an unknown option.
-        RuntimeError: "cuda" was asked for but no GPU or no CUDA build is available.
+        RuntimeError: "cuda" was asked for but no GPU or no CUDA build is available, or
+            "cuda:N" names a GPU that is not visible.
     """
     name = option.split(":")[0]
     if name not in DEVICES:
@@ -36,7 +37,16 @@ def resolve_device(option: str = "auto") -> torch.device:
         why = ("pagedllm was built without the CUDA kernels" if getattr(_core, "cuda", None)
                is None else "no CUDA GPU is visible to pagedllm and torch")
         raise RuntimeError(f"device {option!r} was requested but {why}; use device='cpu'")
-    return torch.device(option)
+    device = torch.device(option)
+    if device.type == "cuda":
+        # Always with an index: torch.cuda.set_device (torch >= 2.11) refuses a bare "cuda".
+        count = torch.cuda.device_count()
+        index = torch.cuda.current_device() if device.index is None else device.index
+        if not 0 <= index < count:
+            raise RuntimeError(f"device {option!r} was requested but only {count} CUDA GPU(s) "
+                               f"are visible (cuda:0 .. cuda:{count - 1})")
+        device = torch.device("cuda", index)
+    return device
 
 
 def model_dtype_for(device: torch.device, requested: torch.dtype | None = None) -> torch.dtype:
