@@ -27,9 +27,11 @@ BLOCK_SIZES = [1, 2, 8, 16, 32, 64, 256]
 KV_DTYPES = ["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 ACT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ACT_IDS = ["f32", "f16", "bf16"]
-# (num_heads, num_kv_heads): MHA, GQA 4 / 8 / 12 (two head chunks), MQA up to 72 (72 > 64 rows:
-# prefill falls back to the split-K kernel).
-GROUPS = [(8, 8), (8, 2), (32, 4), (16, 2), (8, 1), (32, 1), (24, 2), (64, 1), (72, 1)]
+# (num_heads, num_kv_heads): MHA, GQA 3 / 4 / 5 / 8 / 12 (two head chunks), MQA up to 72 (72 > 64
+# rows: prefill falls back to the split-K kernel). Decode blocks hold 1, 4 or 8 heads
+# (decode_heads_per_block): groups 3 and 5 leave some of a block's heads unused.
+GROUPS = [(8, 8), (12, 4), (8, 2), (20, 4), (32, 4), (16, 2), (8, 1), (32, 1), (24, 2), (64, 1),
+          (72, 1)]
 
 
 def random_config(rng: random.Random):
@@ -83,6 +85,15 @@ def test_decode_every_head_dim_and_dtype(cuda_backend, head_dim, kv_dtype, act):
     k_scale, v_scale = (2.0, 0.5) if kv_dtype.startswith("fp8") else (1.0, 1.0)
     run_decode(cuda_backend, gen, [1, 17, 300, 64], 16, 4, head_dim, 16, kv_dtype, act,
                k_scale, v_scale)
+
+
+@gpu
+@pytest.mark.parametrize("group", GROUPS, ids=[f"{h}x{k}" for h, k in GROUPS])
+def test_decode_every_group(cuda_backend, group):
+    # Each size of thread block (1, 4, 8 heads), full and partly used, and chunks of 8.
+    gen = torch.Generator().manual_seed(100 * group[0] + group[1])
+    run_decode(cuda_backend, gen, [5, 300, 1000], group[0], group[1], 128, 16, "bf16",
+               torch.bfloat16)
 
 
 @gpu

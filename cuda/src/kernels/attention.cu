@@ -193,7 +193,8 @@ void run_split_k(const kernels::AttentionParams& p, cudaStream_t stream, int ker
       sparse ? align256(static_cast<size_t>(sparse->num_indices) * sizeof(int32_t)) +
                    align256(static_cast<size_t>(sparse->num_lists) * sizeof(int32_t))
              : 0;
-  a.head_chunks = (a.group + kDecodeMaxHeads - 1) / kDecodeMaxHeads;
+  a.block_heads = decode_heads_per_block(a.group);
+  a.head_chunks = (a.group + a.block_heads - 1) / a.block_heads;
   // Enough thread blocks for ~4 per multiprocessor; split contexts when there are fewer.
   const int64_t blocks = static_cast<int64_t>(p.num_tokens) * a.num_kv_heads * a.head_chunks;
   const int64_t wanted = 4LL * multiprocessor_count();

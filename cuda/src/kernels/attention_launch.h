@@ -27,7 +27,8 @@ struct DecodeArgs {
   int64_t key_block_stride;      // bytes
   int64_t value_block_stride;
   int num_blocks, num_kv_heads, block_size;
-  int num_heads, group, head_chunks;  // group = num_heads / num_kv_heads; chunks of <= 8 heads
+  int num_heads, group, head_chunks;  // group = num_heads / num_kv_heads; chunks of block_heads
+  int block_heads;                   // query heads per thread block: decode_heads_per_block
   const int32_t* block_tables;   // [num_seqs, max_blocks]
   int64_t block_table_stride;
   int max_blocks;
@@ -82,7 +83,13 @@ struct PrefillArgs {
 
 // Constants shared by the launchers and the host planner.
 constexpr int kDecodeThreads = 128;
-constexpr int kDecodeMaxHeads = 8;     // query heads served per thread block
+constexpr int kDecodeMaxHeads = 8;     // query heads served per thread block, at most
+
+// The decode kernel's heads per thread block for a GQA group: 1 (MHA), 4 (groups of 2 to 4),
+// else kDecodeMaxHeads (larger groups in chunks of 8).
+constexpr int decode_heads_per_block(int group) {
+  return group <= 1 ? 1 : group <= 4 ? 4 : kDecodeMaxHeads;
+}
 constexpr int kMaxParts = 128;         // split-K partitions per context
 constexpr int kMinPartition = 256;     // tokens: shorter partitions cost more to merge
 constexpr int kPrefillRows = 64;       // query rows (tokens x GQA group) per prefill tile

@@ -1,8 +1,11 @@
 // decode_kernel.cuh (internal) — the split-K paged-attention decode kernel, templated on the
 // storage type and the head dim. Included only by the decode_hd*.cu instantiation files.
 //
-// One thread block (128 threads) serves one (query token: grid x, KV head and <= 8 query heads
-// of its GQA group: grid y, partition of the context: grid z): K/V are read once for all those heads.
+// One thread block (128 threads) serves one (query token: grid x, KV head and <= HEADS query
+// heads of its GQA group: grid y, partition of the context: grid z): K/V are read once for all
+// those heads. HEADS (1, 4 or 8: decode_heads_per_block) is the smallest that holds the group
+// (or 8): the query and accumulator registers scale with it, so an MHA or GQA-4 model's blocks
+// are not sized, nor their occupancy limited, for 8 heads.
 //   * K/V tiles of kTile tokens are gathered from the paged cache into shared memory with
 //     16-byte cp.async copies (consecutive threads take consecutive 16 bytes of a row, so loads
 //     are coalesced whatever the block size), double buffered: tile i + 1 is in flight while
@@ -27,10 +30,10 @@
 
 namespace pagedllm::cuda::detail {
 
-template <CacheType CT, int HD>
+template <CacheType CT, int HD, int HEADS>
 struct DecodeShape {
   static constexpr int kThreads = kDecodeThreads;
-  static constexpr int kHeads = kDecodeMaxHeads;
+  static constexpr int kHeads = HEADS;
   static constexpr int kRowBytes = HD * CacheTraits<CT>::kBytes;
   static constexpr int kUsedLanes = HD / 8;  // lanes holding 8 columns each
   static constexpr int kLanes = kUsedLanes <= 8 ? 8 : (kUsedLanes <= 16 ? 16 : 32);
@@ -63,10 +66,10 @@ __device__ __forceinline__ int sparse_compact_limit(const int32_t* ids, int n, i
   return min(n_sel, (lo - 1) * block_size + min(block_size, limit - top * block_size));
 }
 
-template <CacheType CT, int HD>
+template <CacheType CT, int HD, int HEADS>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_kernel(const DecodeArgs a) {
-  using S = DecodeShape<CT, HD>;
+  using S = DecodeShape<CT, HD, HEADS>;
   // K stage 0 | K stage 1 | V stage 0 | V stage 1, reused at the end for the group reduction.
   __shared__ __align__(16) uint8_t buffer[S::kBufferBytes];
   __shared__ float scores[S::kHeads][S::kTile];  // scores, then probabilities
@@ -220,11 +223,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
       const bool visible = pos0 + t < end;
 #pragma unroll
       for (int g = 0; g < S::kHeads; ++g) {
-        float d = 0.0f;
+        if (g < heads) {  // the same for the whole block: no lane skips a shuffle
+          float d = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) d = fmaf(q[g][e], kf[e], d);
-        d = group_sum<S::kLanes>(d);
-        if (lane == 0 && g < heads) scores[g][t] = visible ? d : -INFINITY;
+          for (int e = 0; e < 8; ++e) d = fmaf(q[g][e], kf[e], d);
+          d = group_sum<S::kLanes>(d);
+          if (lane == 0) scores[g][t] = visible ? d : -INFINITY;
+        }
       }
     }
     __syncthreads();
@@ -316,7 +321,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
 template <CacheType CT, int HD>
 void launch_decode(const DecodeArgs& a, cudaStream_t stream) {
   const dim3 grid(a.num_tokens, a.num_kv_heads * a.head_chunks, a.num_parts);
-  decode_kernel<CT, HD><<<grid, kDecodeThreads, 0, stream>>>(a);
+  switch (a.block_heads) {  // decode_heads_per_block(group)
+    case 1: decode_kernel<CT, HD, 1><<<grid, kDecodeThreads, 0, stream>>>(a); break;
+    case 4: decode_kernel<CT, HD, 4><<<grid, kDecodeThreads, 0, stream>>>(a); break;
+    default: decode_kernel<CT, HD, kDecodeMaxHeads><<<grid, kDecodeThreads, 0, stream>>>(a); break;
+  }
   PAGEDLLM_CUDA_CHECK_LAUNCH("paged attention decode kernel");
 }
 
