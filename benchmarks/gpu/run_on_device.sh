@@ -100,7 +100,7 @@ except ValueError as e:
     tests/python/test_engine_device.py tests/python/test_diagnostics_gpu.py \
     tests/python/test_tensor_parallel_gpu.py tests/python/test_mllama_gpu.py
   # -v: each result on its own line as it comes (a run stopped by its limit still names them).
-  step tests 200 tests.log "$PY" -m pytest -v -rfEs -p no:cacheprovider "${PAR[@]}" \
+  step tests 300 tests.log "$PY" -m pytest -v -rfEs --durations=25 -p no:cacheprovider "${PAR[@]}" \
     --junitxml="$OUT/junit.xml" tests/python/test_cuda_kernels.py tests/python/test_cuda_nogpu.py \
     tests/python/test_cuda_sparse.py tests/python/test_cuda_cross_attention.py
   # Issue 17: nsys records exactly the --profile-cuda-steps window (when nsys is installed).

@@ -7,18 +7,22 @@
 
 namespace pagedllm::cuda {
 
-Streams::Streams(int device, Stream compute) : device_(device) {
+Streams::Streams(int device) : Streams(device, nullptr, /*create=*/true) {}
+
+Streams::Streams(int device, Stream compute) : Streams(device, compute, /*create=*/false) {}
+
+Streams::Streams(int device, Stream compute, bool create) : device_(device) {
   const int n = device_count();
   PAGEDLLM_CHECK_STATE(n > 0, "no CUDA device is available (no driver or no GPU): the CUDA "
                               "streams need one");
   PAGEDLLM_CHECK_ARG(device >= 0 && device < n,
                      "device " << device << " does not exist (" << n << " CUDA devices)");
   detail::DeviceGuard guard(device);
-  if (compute == nullptr) {
+  if (create) {
     PAGEDLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     owns_compute_ = true;
   } else {
-    compute_ = compute;
+    compute_ = compute;  // nullptr: the legacy default stream, borrowed like any other
   }
   // Copies get the higher priority, so a swap-in is not starved by long kernels.
   int least = 0, greatest = 0;

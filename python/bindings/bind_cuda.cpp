@@ -244,9 +244,11 @@ void swap_blocks(py::handle src, py::handle dst, py::handle block_mapping,
 // Streams plus the Python objects that async swaps still read (kept until their ticket is done).
 class PyStreams {
  public:
+  // compute: a stream handle to borrow (0: the legacy default stream), or none: one is created.
   PyStreams(int device, std::optional<uintptr_t> compute)
-      : streams_(std::make_unique<cu::Streams>(
-            device, compute ? reinterpret_cast<cu::Stream>(*compute) : nullptr)) {}
+      : streams_(compute ? std::make_unique<cu::Streams>(device,
+                                                         reinterpret_cast<cu::Stream>(*compute))
+                         : std::make_unique<cu::Streams>(device)) {}
 
   cu::Streams& get() { return *streams_; }
 
@@ -397,8 +399,8 @@ void bind_cuda(py::module_& parent) {
              return std::make_unique<PyStreams>(device, compute);
            }),
            py::arg("device") = 0, py::arg("compute_stream") = py::none(),
-           "compute_stream: an existing stream handle to borrow (torch's current stream, say); "
-           "None creates one.")
+           "compute_stream: an existing stream handle to borrow (torch's current stream, say; 0 is "
+           "the legacy default stream); None creates one.")
       .def_property_readonly("device", [](PyStreams& s) { return s.get().device(); })
       .def_property_readonly(
           "compute_stream",

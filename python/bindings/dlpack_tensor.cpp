@@ -1,7 +1,5 @@
 #include "dlpack_tensor.h"
 
-#include <sstream>
-
 #include "pagedllm/error.h"
 
 namespace py = pybind11;
@@ -150,7 +148,9 @@ int64_t Tensor::numel() const {
 }
 
 std::string Tensor::describe() const {
-  std::ostringstream os;
+  // pagedllm/error.h's Message, not an ostringstream: no iostream number formatting (on one GPU
+  // machine's Python process that crashed; see error.h).
+  detail::Message os;
   if (dtype_ == DType::kOther) {
     os << "dtype(code " << int(tensor_->dtype.code) << ", " << int(tensor_->dtype.bits)
        << " bits)[";

@@ -156,6 +156,13 @@ def engine_test_config() -> dict:
     return tiny_mllama_config(text=tiny_text_config(4, CROSS_LAYERS))
 
 
+def gpu_test_config() -> dict:
+    """engine_test_config() with head_dim 64 (hidden 256, 4 heads), the smallest head the CUDA
+    kernels are compiled for (the CPU tests' 16 is refused on a GPU)."""
+    return tiny_mllama_config(text=tiny_text_config(4, CROSS_LAYERS, hidden_size=256,
+                                                    intermediate_size=512))
+
+
 def tiny_hf_model(seed: int = 0):
     """transformers' MllamaForConditionalGeneration of engine_test_config(), gates open."""
     return hf_mllama_model(engine_test_config(), seed)

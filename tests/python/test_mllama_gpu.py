@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_fixtures import GPU_MARKS
-from mllama_fixtures import assert_pools_clean, hf_greedy, write_test_checkpoint
+from mllama_fixtures import assert_pools_clean, gpu_test_config, hf_greedy, write_tiny_mllama
 from pagedllm import LLM
 from test_mllama_engine import as_prompts, cases, greedy
 
@@ -16,7 +16,7 @@ pytestmark = GPU_MARKS
 
 @pytest.fixture(scope="module")
 def mllama_dir(tmp_path_factory) -> str:
-    return write_test_checkpoint(str(tmp_path_factory.mktemp("mllama_gpu")))
+    return write_tiny_mllama(str(tmp_path_factory.mktemp("mllama_gpu")), gpu_test_config())
 
 
 @pytest.mark.parametrize("num_kv_blocks", [128, 14])  # 14: preemption by recompute

@@ -22,7 +22,8 @@ def _gpus() -> int:
 def test_cuda_tp_greedy_equals_transformers(tmp_path, tp):
     if _gpus() < tp:
         pytest.skip(f"needs {tp} GPUs, {_gpus()} visible")
-    path = write_tp_model(tmp_path, "gqa")
+    # head_dim 64: the CUDA kernels' smallest (the CPU tests' models have 16)
+    path = write_tp_model(tmp_path, "gqa", hidden_size=256, intermediate_size=512)
     prompts = mixed_prompts(4, seed=3, hi=40, vocab=500)
     llm = LLM(path, device="cuda", dtype="float32", num_kv_blocks=64, tensor_parallel_size=tp,
               distributed_executor_backend="mp")

@@ -22,11 +22,12 @@ _BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, interme
              vocab_size=512, max_position_embeddings=512)
 
 
-def write_tp_model(path, kind: str, seed: int = 3) -> str:
-    """A random-weight checkpoint of layout `kind` (TP_MODELS) in `path`; returns it."""
+def write_tp_model(path, kind: str, seed: int = 3, **overrides) -> str:
+    """A random-weight checkpoint of layout `kind` (TP_MODELS) in `path`, with `overrides` of
+    the config (hidden_size=256: head_dim 64, as the CUDA kernels need); returns it."""
     from pagedllm.model import write_random_checkpoint
 
-    write_random_checkpoint(path, preset={**_BASE, **TP_MODELS[kind]}, seed=seed,
+    write_random_checkpoint(path, preset={**_BASE, **TP_MODELS[kind], **overrides}, seed=seed,
                             initializer_range=0.1)
     return str(path)
 

@@ -30,9 +30,12 @@ namespace pagedllm::cuda {
 
 class Streams {
  public:
-  // Streams on `device`. compute == nullptr creates (and owns) a compute stream; otherwise the
-  // given stream is borrowed. Throws pagedllm::Error (kInvalidState) without a usable device.
-  explicit Streams(int device, Stream compute = nullptr);
+  // Streams on `device` with a compute stream created (and owned) here. Throws
+  // pagedllm::Error (kInvalidState) without a usable device.
+  explicit Streams(int device);
+  // Streams on `device` that borrow `compute` as the compute stream (nullptr: the legacy
+  // default stream, which is torch's current stream unless set otherwise); never destroyed here.
+  Streams(int device, Stream compute);
   // Waits for both streams, then releases what this object created.
   ~Streams();
   Streams(const Streams&) = delete;
@@ -65,6 +68,7 @@ class Streams {
   int live_events();
 
  private:
+  Streams(int device, Stream compute, bool create);  // the two constructors' common part
   uint64_t record(Stream s);
   void wait(Stream s, uint64_t ticket);
   void recycle_completed();
