@@ -62,7 +62,14 @@ if [ "$build_ok" = 1 ]; then
   export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
   # Test files spread over 8 workers where pytest-xdist is installed (one GPU serves them all).
   PAR=()
-  if "$PY" -c "import xdist" 2>/dev/null; then PAR=(-n 8); fi
+  if "$PY" -c "import xdist" 2>/dev/null; then
+    PAR=(-n 8)
+    # 2 CPU threads per worker for the tests' CPU references (torch would take every core in
+    # each of the 8 processes); the steps after the tests set no such limit.
+    TEST_ENV=(env OMP_NUM_THREADS=2 PAGEDLLM_NUM_THREADS=2)
+  else
+    TEST_ENV=(env)
+  fi
   # A test that hangs fails alone (with its stack) where pytest-timeout is installed.
   if "$PY" -c "import pytest_timeout" 2>/dev/null; then
     PAR+=(--timeout 90 -o timeout_method=thread)
@@ -95,12 +102,14 @@ except ValueError as e:
 "
   # The engine on the GPU (issue 12): parity with transformers, swap under pressure, the
   # swap copies on their own stream (chrome trace kept under $OUT/traces).
-  PAGEDLLM_TRACE_DIR="$OUT/traces" step engine_tests 150 tests.log "$PY" -m pytest -q -rfEs \
-    -p no:cacheprovider "${PAR[@]}" --junitxml="$OUT/junit_engine.xml" tests/python/test_engine_gpu.py \
+  PAGEDLLM_TRACE_DIR="$OUT/traces" step engine_tests 150 tests.log "${TEST_ENV[@]}" "$PY" -m pytest \
+    -q -rfEs -p no:cacheprovider "${PAR[@]}" --junitxml="$OUT/junit_engine.xml" \
+    tests/python/test_engine_gpu.py \
     tests/python/test_engine_device.py tests/python/test_diagnostics_gpu.py \
     tests/python/test_tensor_parallel_gpu.py tests/python/test_mllama_gpu.py
   # -v: each result on its own line as it comes (a run stopped by its limit still names them).
-  step tests 300 tests.log "$PY" -m pytest -v -rfEs --durations=25 -p no:cacheprovider "${PAR[@]}" \
+  step tests 300 tests.log "${TEST_ENV[@]}" "$PY" -m pytest -v -rfEs --durations=25 \
+    -p no:cacheprovider "${PAR[@]}" \
     --junitxml="$OUT/junit.xml" tests/python/test_cuda_kernels.py tests/python/test_cuda_nogpu.py \
     tests/python/test_cuda_sparse.py tests/python/test_cuda_cross_attention.py
   # Issue 17: nsys records exactly the --profile-cuda-steps window (when nsys is installed).
