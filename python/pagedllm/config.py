@@ -131,8 +131,8 @@ class EngineConfig:
             extra memory). False = plain F.linear.
         k_scale: fp8 KV scale for keys (x / k_scale is stored).
         v_scale: fp8 KV scale for values.
-        device: "auto" (a GPU when the CUDA kernels are built in and one is visible, else the
-            CPU), "cpu", "cuda" or "cuda:N".
+        device: "auto" (a GPU when the CUDA kernels are built in, one is visible and the
+            model's head_dim is compiled for it, else the CPU), "cpu", "cuda" or "cuda:N".
         dtype: weights and activations: "auto" (float32 on the CPU, bfloat16 on a GPU that
             has it, else float16), "float32", "bfloat16", "float16" (GPU only).
         gpu_memory_utilization: share of the GPU's memory the engine may use; the KV pool

@@ -3,6 +3,8 @@ HostSwapPool runs in test_cuda_kernels' stream tests' style on a GPU)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -37,6 +39,46 @@ def test_resolve_device_gives_cuda_an_index(monkeypatch):
     assert resolve_device("auto") == torch.device("cuda", 0)
     with pytest.raises(RuntimeError, match=r"only 2 CUDA GPU\(s\) are visible"):
         resolve_device("cuda:2")
+
+
+def test_resolve_device_by_head_dim(monkeypatch, caplog):
+    # A GPU with kernels for head dims 64 and 128 (no GPU needed: the queries are replaced).
+    from pagedllm.engine import device as devices
+
+    monkeypatch.setattr(ops, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(devices, "cuda_head_dims", lambda: (64, 128))
+    assert resolve_device("auto", head_dim=128) == torch.device("cuda", 0)
+    with caplog.at_level("INFO", logger="pagedllm"):
+        assert resolve_device("auto", head_dim=32) == torch.device("cpu")
+    assert "head_dim 32 is not compiled" in caplog.text
+    with pytest.raises(RuntimeError, match=r"head_dim 32 is not compiled .*supported: 64, 128"):
+        resolve_device("cuda", head_dim=32)
+    assert resolve_device("cuda", head_dim=64) == torch.device("cuda", 0)
+    assert resolve_device("cpu", head_dim=32) == torch.device("cpu")
+
+
+def test_checkpoint_head_dim(tmp_path):
+    from pagedllm.engine.device import checkpoint_head_dim
+
+    def write(cfg):
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        return checkpoint_head_dim(tmp_path)
+
+    assert write({"hidden_size": 256, "num_attention_heads": 4}) == 64
+    assert write({"hidden_size": 256, "num_attention_heads": 4, "head_dim": 128}) == 128
+    assert write({"text_config": {"hidden_size": 64, "num_attention_heads": 4}}) == 16  # Mllama
+    assert write({"hidden_size": 256}) is None
+    assert write([1, 2]) is None
+    (tmp_path / "config.json").write_text("{not json")
+    assert checkpoint_head_dim(tmp_path) is None
+    assert checkpoint_head_dim(tmp_path / "missing") is None
+    # The bundled model: 32, which the CUDA kernels do not have ("auto" keeps it on the CPU).
+    from pagedllm.default_model import default_model_path
+
+    assert checkpoint_head_dim(default_model_path()) == 32
 
 
 def test_model_dtype():

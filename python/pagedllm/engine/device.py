@@ -1,42 +1,90 @@
 """Where the engine runs: device selection and sizing the KV pool from free GPU memory.
 
 The engine's config gains `device` ("auto" | "cpu" | "cuda"; "auto" picks the GPU when the
-CUDA kernels are compiled in and a GPU is visible) and, on the GPU, `gpu_memory_utilization`
+CUDA kernels are compiled in, a GPU is visible and the model's head_dim is one they are compiled
+for: the bundled model's 32 is not, so it stays on the CPU) and, on the GPU, `gpu_memory_utilization`
 (the share of the device's memory the engine may use, vLLM's name). After the weights are loaded
 and one profiling step has run, the KV pool gets what is left of that share.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+from typing import Optional
+
 import torch
 
 from pagedllm import _core, ops
 
+logger = logging.getLogger("pagedllm")
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
-def resolve_device(option: str = "auto") -> torch.device:
+def cuda_head_dims() -> tuple[int, ...]:
+    """The head dims compiled into the CUDA attention kernels (empty without them)."""
+    cuda = getattr(_core, "cuda", None)
+    return tuple(cuda.attention_head_dims()) if cuda is not None else ()
+
+
+def checkpoint_head_dim(path: str | os.PathLike) -> Optional[int]:
+    """The attention head_dim of the checkpoint at `path` from its config.json (a multimodal
+    model's text_config), or None where that file does not say (the loader then reports it).
+
+    Args:
+        path: the checkpoint directory.
+    Returns:
+        head_dim, or hidden_size / num_attention_heads, or None.
+    """
+    try:
+        with open(os.path.join(os.fspath(path), "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
+        if isinstance(cfg.get("head_dim"), int):
+            return cfg["head_dim"]
+        hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+        if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+            return hidden // heads
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def resolve_device(option: str = "auto", head_dim: Optional[int] = None) -> torch.device:
     """The torch device the engine runs on.
 
     Args:
         option: "auto" (the GPU when usable, else the CPU), "cpu" or "cuda" / "cuda:N".
+        head_dim: the model's attention head_dim, when known: "auto" takes the CPU for a
+            head_dim the CUDA kernels are not compiled for (the bundled model's 32, say), and
+            "cuda" refuses it here rather than at every step.
     Returns:
         The device; a CUDA one always with its index ("cuda" is the current GPU).
     Raises:
         ValueError: an unknown option.
         RuntimeError: "cuda" was asked for but no GPU or no CUDA build is available, or
-            "cuda:N" names a GPU that is not visible.
+            "cuda:N" names a GPU that is not visible, or the model's head_dim is not compiled.
     """
     name = option.split(":")[0]
     if name not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {option!r}")
     usable = ops.cuda_available() and torch.cuda.is_available()
+    unsupported = (head_dim is not None and usable and head_dim not in cuda_head_dims())
+    why_not = (f"the model's head_dim {head_dim} is not compiled into the CUDA attention kernels "
+               f"(supported: {', '.join(map(str, cuda_head_dims()))})")
     if name == "auto":
+        if unsupported:
+            logger.info("device auto: the CPU, because %s", why_not)
+            return torch.device("cpu")
         return torch.device("cuda", 0) if usable else torch.device("cpu")
     if name == "cuda" and not usable:
         why = ("pagedllm was built without the CUDA kernels" if getattr(_core, "cuda", None)
                is None else "no CUDA GPU is visible to pagedllm and torch")
         raise RuntimeError(f"device {option!r} was requested but {why}; use device='cpu'")
+    if name == "cuda" and unsupported:
+        raise RuntimeError(f"device {option!r} was requested but {why_not}; use device='cpu'")
     device = torch.device(option)
     if device.type == "cuda":
         # Always with an index: torch.cuda.set_device (torch >= 2.11) refuses a bare "cuda".

@@ -43,7 +43,7 @@ def check_parallel_config(config: EngineConfig, model_path: str) -> str:
     if device == "auto":
         from pagedllm.engine import device as devices
 
-        device = devices.resolve_device("auto").type
+        device = devices.resolve_device("auto", devices.checkpoint_head_dim(model_path)).type
     if backend == "mp" and device.startswith("cuda"):
         import torch
 

@@ -74,7 +74,8 @@ class TPRank:
 
         self.rank = rank
         self.threads = distributed.set_worker_threads(config.num_threads, world_size)
-        device = devices.resolve_device(config.device)
+        # The Worker's choice too (the same head_dim rule), so the group's backend matches it.
+        device = devices.resolve_device(config.device, devices.checkpoint_head_dim(model_path))
         if device.type == "cuda":  # nccl binds the group to the current device
             torch.cuda.set_device(device_index)
         # The driver enforces distributed_timeout_s on every step; the group's own timeout

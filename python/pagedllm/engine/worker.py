@@ -92,7 +92,8 @@ class Worker:
     def __init__(self, config: EngineConfig, model_path: str,
                  parallel: Optional["ParallelContext"] = None):
         try:
-            self.device = devices.resolve_device(config.device)
+            self.device = devices.resolve_device(config.device,
+                                                 devices.checkpoint_head_dim(model_path))
         except RuntimeError as e:  # a setting this machine cannot honour: a config error
             raise ValueError(f"device: {e}") from None
         if parallel is not None and self.device.type == "cuda":
