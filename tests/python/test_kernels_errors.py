@@ -54,7 +54,8 @@ BAD_DECODE = [
     (dict(key_cache=torch.zeros((8, 2, 64, 4)).transpose(2, 3)), ValueError, "contiguous"),
     (dict(key_cache=torch.zeros((8, 2, 4, 64), dtype=torch.float16)), ValueError,
      "value_cache"),
-    (dict(block_tables=torch.zeros((2, 4), dtype=torch.int64)), ValueError, "int32"),
+    (dict(block_tables=torch.zeros((2, 4), dtype=torch.int64)), ValueError,
+     "block_tables must be int32, got int64[2, 4] on cpu"),  # Tensor::describe's numbers
     (dict(block_tables=torch.full((2, 4), 99, dtype=torch.int32)), IndexError, "outside the pool"),
     (dict(block_tables=torch.full((2, 4), -1, dtype=torch.int32)), IndexError, "outside the pool"),
     (dict(context_lens=torch.tensor([5, 17], dtype=torch.int32)), ValueError,
