@@ -4,6 +4,7 @@ HostSwapPool runs in test_cuda_kernels' stream tests' style on a GPU)."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -27,13 +28,18 @@ def test_resolve_device():
             resolve_device("cuda")
 
 
-def test_resolve_device_gives_cuda_an_index(monkeypatch):
-    # As on a machine with 2 visible GPUs, the second current (no GPU needed: torch.cuda's
-    # queries are replaced). torch >= 2.11's set_device refuses a device without an index.
+def fake_gpus(monkeypatch, count: int, current: int = 0) -> None:
+    """As on a machine with `count` visible GPUs and the CUDA kernels built in, `current` the
+    current one (no GPU needed: the queries resolve_device makes are replaced)."""
     monkeypatch.setattr(ops, "cuda_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+
+
+def test_resolve_device_gives_cuda_an_index(monkeypatch):
+    # torch >= 2.11's set_device refuses a device without an index.
+    fake_gpus(monkeypatch, 2, current=1)
     assert resolve_device("cuda") == torch.device("cuda", 1)
     assert resolve_device("cuda:0") == torch.device("cuda", 0)
     assert resolve_device("auto") == torch.device("cuda", 0)
@@ -42,13 +48,10 @@ def test_resolve_device_gives_cuda_an_index(monkeypatch):
 
 
 def test_resolve_device_by_head_dim(monkeypatch, caplog):
-    # A GPU with kernels for head dims 64 and 128 (no GPU needed: the queries are replaced).
+    # A GPU with kernels for head dims 64 and 128.
     from pagedllm.engine import device as devices
 
-    monkeypatch.setattr(ops, "cuda_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    fake_gpus(monkeypatch, 1)
     monkeypatch.setattr(devices, "cuda_head_dims", lambda: (64, 128))
     assert resolve_device("auto", head_dim=128) == torch.device("cuda", 0)
     with caplog.at_level("INFO", logger="pagedllm"):
@@ -71,10 +74,15 @@ def test_checkpoint_head_dim(tmp_path):
     assert write({"hidden_size": 256, "num_attention_heads": 4, "head_dim": 128}) == 128
     assert write({"text_config": {"hidden_size": 64, "num_attention_heads": 4}}) == 16  # Mllama
     assert write({"hidden_size": 256}) is None
+    assert write({"hidden_size": 250, "num_attention_heads": 4}) is None  # not a multiple
     assert write([1, 2]) is None
     (tmp_path / "config.json").write_text("{not json")
     assert checkpoint_head_dim(tmp_path) is None
     assert checkpoint_head_dim(tmp_path / "missing") is None
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "config.json")  # refused, not waited on (as the loader does)
+    assert checkpoint_head_dim(fifo) is None
     # The bundled model: 32, which the CUDA kernels do not have ("auto" keeps it on the CPU).
     from pagedllm.default_model import default_model_path
 

@@ -9,7 +9,6 @@ and one profiling step has run, the KV pool gets what is left of that share.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Optional
@@ -17,6 +16,8 @@ from typing import Optional
 import torch
 
 from pagedllm import _core, ops
+from pagedllm.model.errors import CheckpointError
+from pagedllm.model.files import read_json
 
 logger = logging.getLogger("pagedllm")
 
@@ -36,19 +37,20 @@ def checkpoint_head_dim(path: str | os.PathLike) -> Optional[int]:
     Args:
         path: the checkpoint directory.
     Returns:
-        head_dim, or hidden_size / num_attention_heads, or None.
+        head_dim, or hidden_size / num_attention_heads (ModelConfig's rule), or None.
     """
-    try:
-        with open(os.path.join(os.fspath(path), "config.json"), encoding="utf-8") as f:
-            cfg = json.load(f)
-        cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
-        if isinstance(cfg.get("head_dim"), int):
-            return cfg["head_dim"]
-        hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
-        if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
-            return hidden // heads
-    except (OSError, ValueError, AttributeError):
-        pass
+    try:  # read_json: a regular file only (a FIFO named config.json is refused, not waited on)
+        cfg = read_json(os.path.join(os.fspath(path), "config.json"))
+    except CheckpointError:
+        return None
+    text = cfg.get("text_config")
+    cfg = text if isinstance(text, dict) else cfg
+    head_dim, hidden, heads = (cfg.get(k) for k in ("head_dim", "hidden_size",
+                                                    "num_attention_heads"))
+    if isinstance(head_dim, int):
+        return head_dim
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and hidden % heads == 0:
+        return hidden // heads
     return None
 
 
@@ -71,11 +73,12 @@ def resolve_device(option: str = "auto", head_dim: Optional[int] = None) -> torc
     if name not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {option!r}")
     usable = ops.cuda_available() and torch.cuda.is_available()
-    unsupported = (head_dim is not None and usable and head_dim not in cuda_head_dims())
-    why_not = (f"the model's head_dim {head_dim} is not compiled into the CUDA attention kernels "
-               f"(supported: {', '.join(map(str, cuda_head_dims()))})")
+    why_not = None  # why the CUDA kernels cannot run this model, if they cannot
+    if usable and head_dim is not None and head_dim not in cuda_head_dims():
+        why_not = (f"the model's head_dim {head_dim} is not compiled into the CUDA attention "
+                   f"kernels (supported: {', '.join(map(str, cuda_head_dims()))})")
     if name == "auto":
-        if unsupported:
+        if why_not:
             logger.info("device auto: the CPU, because %s", why_not)
             return torch.device("cpu")
         return torch.device("cuda", 0) if usable else torch.device("cpu")
@@ -83,7 +86,7 @@ def resolve_device(option: str = "auto", head_dim: Optional[int] = None) -> torc
         why = ("pagedllm was built without the CUDA kernels" if getattr(_core, "cuda", None)
                is None else "no CUDA GPU is visible to pagedllm and torch")
         raise RuntimeError(f"device {option!r} was requested but {why}; use device='cpu'")
-    if name == "cuda" and unsupported:
+    if name == "cuda" and why_not:
         raise RuntimeError(f"device {option!r} was requested but {why_not}; use device='cpu'")
     device = torch.device(option)
     if device.type == "cuda":
