@@ -5,13 +5,15 @@ Each live beam is a Sequence. When a beam's next-token logits are computed, its
 its candidates, all candidates are ranked by cumulative logprob: EOS continuations become
 finished hypotheses, the best beam_width others become the new beams. A beam chosen k times is
 forked k - 1 times (the forks share its KV blocks, copy-on-write); a beam not chosen is freed.
-At the end the hypotheses are ranked by cumulative logprob / length ** length_penalty.
+At the end the hypotheses are ranked by cumulative logprob / length ** length_penalty
+(compared in log space: beam_rank_key).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Tuple
 
 import torch
 
@@ -30,12 +32,20 @@ class BeamSearchState:
     done: bool = False
 
 
-def beam_score(tokens: List[int], cum_logprob: float, eos_ids, length_penalty: float) -> float:
-    """vLLM's length-penalised score: cum_logprob / len ** length_penalty (EOS not counted)."""
+def beam_rank_key(tokens: List[int], cum_logprob: float, eos_ids,
+                  length_penalty: float) -> Tuple[int, float]:
+    """A sort key, ascending = best first, for vLLM's length-penalised score
+    cum_logprob / len ** length_penalty (EOS not counted in len).
+
+    The score is ranked in log space (scores are <= 0, so a smaller log |score| is a better
+    one; a score of 0 ranks first), so no finite length_penalty overflows or divides by zero
+    (len ** 600 and len ** -600 are both past the float range)."""
     n = len(tokens)
     if tokens and tokens[-1] in eos_ids:
         n -= 1
-    return cum_logprob / (max(n, 1) ** length_penalty)
+    if cum_logprob >= 0.0:
+        return (0, -cum_logprob)
+    return (1, math.log(-cum_logprob) - length_penalty * math.log(max(n, 1)))
 
 
 def store_candidates(seq: Sequence, logits: torch.Tensor, params: BeamSearchParams) -> None:
@@ -122,8 +132,8 @@ def result(req: Request, eos_ids, tokenizer=None) -> BeamSearchOutput:
     state: BeamSearchState = req.beam
     p = state.params
     ranked = sorted(state.completed,
-                    key=lambda b: beam_score(b.tokens, b.cum_logprob, eos_ids, p.length_penalty),
-                    reverse=True)[: p.beam_width]
+                    key=lambda b: beam_rank_key(b.tokens, b.cum_logprob, eos_ids,
+                                                p.length_penalty))[: p.beam_width]
     for b in ranked:
         if tokenizer is not None:
             b.text = tokenizer.decode(b.tokens[len(req.prompt_token_ids):])

@@ -28,6 +28,7 @@ touches a tensor on a device (the step's logits arrive on the host).
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -49,6 +50,8 @@ from pagedllm.sampling_params import BeamSearchParams
 from pagedllm.sparse.config import SparseAttentionConfig
 from pagedllm.sparse.plan import SparsePlan
 from pagedllm.sparse.scheduling import SparseScheduling
+
+logger = logging.getLogger("pagedllm")
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -259,7 +262,12 @@ class Scheduler:
         del self.requests[request_id]
         if req.error is not None:
             raise RuntimeError(f"beam search request {request_id}: {req.error}")
-        return beam_search.result(req, set(self.eos_token_ids), tokenizer)
+        try:
+            return beam_search.result(req, set(self.eos_token_ids), tokenizer)
+        except Exception as e:  # noqa: BLE001 - ranking or decoding one request's beams: fail it
+            logger.exception("beam search request %s: building its result failed", request_id)
+            raise RuntimeError(f"beam search request {request_id}: building its result failed: "
+                               f"{type(e).__name__}: {e}") from e
 
     @property
     def has_work(self) -> bool:
