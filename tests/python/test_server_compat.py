@@ -205,6 +205,34 @@ def test_chat_extras(client, server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
 
 
+def test_chat_template_kwargs_may_name_the_reserved_variables(client):
+    """vLLM lets chat_template_kwargs set add_generation_prompt (it wins over the field); messages,
+    bos_token and eos_token are the server's. Each used to be a TypeError and a 500."""
+    msgs = [{"role": "user", "content": "hi"}]
+
+    def prompt(**body):
+        r = client.post("/tokenize", json={"messages": msgs, **body})
+        assert r.status_code == 200, r.text
+        return client.post("/detokenize", json={"tokens": r.json()["tokens"]}).json()["prompt"]
+
+    with_header = prompt()
+    without = prompt(add_generation_prompt=False)
+    assert with_header != without
+    assert prompt(chat_template_kwargs={"add_generation_prompt": False}) == without
+    assert prompt(add_generation_prompt=False,
+                  chat_template_kwargs={"add_generation_prompt": True}) == with_header
+    assert prompt(chat_template_kwargs={"messages": [], "bos_token": "X", "eos_token": "Y"}) \
+        == with_header
+    r = client.post("/v1/chat/completions", json={
+        "messages": msgs, "max_tokens": 1, "chat_template_kwargs": {"add_generation_prompt": False,
+                                                                    "messages": []}})
+    assert r.status_code == 200, r.text
+    r = client.post("/v1/chat/completions", json={
+        "messages": msgs, "max_tokens": 1, "chat_template_kwargs": {"add_generation_prompt": "no"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+    assert "add_generation_prompt must be true or false" in r.json()["error"]["message"]
+
+
 def test_use_beam_search_refuses_per_token_logprobs(client):
     r = client.post("/v1/completions", json={"prompt": "x", "use_beam_search": True, "n": 2,
                                              "logprobs": 1})

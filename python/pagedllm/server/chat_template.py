@@ -109,7 +109,7 @@ class ChatTemplate:
         return cls(DEFAULT_CHAT_TEMPLATE, bos, eos, "the built-in default")
 
     def render(self, messages: List[Dict[str, Any]], add_generation_prompt: bool = True,
-               **template_kwargs: Any) -> str:
+               template_kwargs: Optional[Dict[str, Any]] = None) -> str:
         """The prompt text of a conversation.
 
         Args:
@@ -117,11 +117,11 @@ class ChatTemplate:
             add_generation_prompt: end with the header that starts the assistant's turn.
             template_kwargs: more variables for the template (vLLM's chat_template_kwargs,
                 e.g. ``enable_thinking``); they cannot replace messages, add_generation_prompt,
-                bos_token or eos_token.
+                bos_token or eos_token (a variable of those names is overridden).
         Raises:
             ChatTemplateError: the template refused the conversation (its message is kept).
         """
-        variables = dict(template_kwargs)
+        variables = dict(template_kwargs or {})
         variables.update(messages=messages, add_generation_prompt=add_generation_prompt,
                          bos_token=self.bos_token, eos_token=self.eos_token)
         try:

@@ -42,10 +42,20 @@ def render_chat(state: ServerState, messages: List[ChatMessage],
         continue_final_message: end with the last message left open, so the model continues
             it (vLLM's; the template's end-of-turn after it is cut off).
         add_special_tokens: add bos when tokenizing (None: unless the template wrote it).
-        chat_template_kwargs: more template variables.
+        chat_template_kwargs: more template variables. An ``add_generation_prompt`` or
+            ``continue_final_message`` here wins over the field of the same name, as in vLLM
+            (it must then be a boolean); ``messages``, ``bos_token`` and ``eos_token`` cannot
+            be replaced.
     Returns:
         The prompt (text and token ids).
     """
+    kwargs = dict(chat_template_kwargs or {})
+    for name in ("add_generation_prompt", "continue_final_message"):
+        if name in kwargs and not isinstance(kwargs[name], bool):
+            raise bad_request(f"chat_template_kwargs.{name} must be true or false, got "
+                              f"{kwargs[name]!r}", "chat_template_kwargs")
+    add_generation_prompt = kwargs.pop("add_generation_prompt", add_generation_prompt)
+    continue_final_message = kwargs.pop("continue_final_message", continue_final_message)
     if state.tokenizer is None:
         raise bad_request(f"the model {state.model_name!r} has no tokenizer.json, so chat is "
                           "not available (use /v1/completions with token ids)", "messages")
@@ -60,8 +70,7 @@ def render_chat(state: ServerState, messages: List[ChatMessage],
             d["name"] = m.name
         dicts.append(d)
     try:
-        text = state.chat_template.render(dicts, add_generation_prompt,
-                                          **(chat_template_kwargs or {}))
+        text = state.chat_template.render(dicts, add_generation_prompt, kwargs)
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
     if continue_final_message:
