@@ -117,7 +117,9 @@ def test_echo_with_logprobs_and_max_tokens_zero(client):
     assert lp["token_logprobs"] == [None, -1.0, -1.0, -1.0]
     # logprobs 1: the most likely token (here the actual one, rank 1) only.
     assert lp["top_logprobs"][0] is None and lp["top_logprobs"][1] == {"a": -1.0}
-    assert lp["text_offset"][1:] == [len(lp["tokens"][0]) + i for i in range(3)]
+    # Offsets index the echoed text: the bos the tokenizer added is not in it (offset 0).
+    assert lp["text_offset"] == [0, 0, 1, 2]
+    assert [choice["text"][o] for o in lp["text_offset"][1:]] == lp["tokens"][1:]
     assert r.json()["usage"]["completion_tokens"] == 0
     # lm-eval's shape: max_tokens 1, the generated token last.
     r = client.post("/v1/completions", json={"prompt": prompt, "echo": True, "logprobs": 1,
@@ -126,7 +128,7 @@ def test_echo_with_logprobs_and_max_tokens_zero(client):
     assert len(lp["tokens"]) == len(prompt) + 1 and lp["token_logprobs"][-1] == -0.25
     gen_text = scripted_completion(prompt, 1)
     assert r.json()["choices"][0]["text"] == "abc" + gen_text
-    assert lp["text_offset"][-1] == len("abc")
+    assert lp["text_offset"] == [0, 0, 1, 2, 3]  # never decreasing into the generated part
 
 
 def test_max_tokens_zero_needs_echo(client):

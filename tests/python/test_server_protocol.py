@@ -11,7 +11,8 @@ from pagedllm.metrics import EngineMetrics
 from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
 from pagedllm.server.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTemplate, ChatTemplateError
 from pagedllm.server.errors import OpenAIError
-from pagedllm.server.logprobs import MIN_LOGPROB, chat_logprobs, completion_logprobs
+from pagedllm.server.logprobs import (MIN_LOGPROB, chat_logprobs, completion_logprobs,
+                                       echo_logprobs)
 from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest, extra_fields
 from pagedllm.server.sse import DONE_EVENT, sse_event
 from pagedllm.streaming import ChoiceTracker, holdback_for
@@ -147,6 +148,21 @@ def test_completion_logprobs_shape():
     assert lp.top_logprobs[0] == {"a": -0.1, "b": -2.5}
     assert lp.top_logprobs[1] == {"a": -0.2, "b": -1.0, "zz": MIN_LOGPROB}  # sampled one added
     assert lp.text_offset == [10, 11]
+
+
+def test_echo_offsets_index_the_echoed_text():
+    """A bos the tokenizer added has no text in the echo (offset 0); offsets never decrease and
+    never pass the text's end, where the generated tokens start (they went back by the bos's
+    length before)."""
+    names = {1: "<s>", 5: "a", 6: "b", 9: "zz"}
+    positions = [None, POSITIONS[0], POSITIONS[1]]
+    lp = echo_logprobs([1, 5, 9], positions, 1, names.get, text="azz")
+    assert lp.tokens == ["<s>", "a", "zz"] and lp.text_offset == [0, 0, 1]
+    plain = echo_logprobs([5, 9], [None, POSITIONS[1]], 1, names.get, text="azz")
+    assert plain.text_offset == [0, 1]
+    # Tokens named by id do not spell the text: offsets stay monotonic, capped at its end.
+    ids = echo_logprobs([1, 5, 9], positions, 1, names.get, as_ids=True, text="azz")
+    assert ids.text_offset == sorted(ids.text_offset) and max(ids.text_offset) <= 3
 
 
 def test_chat_logprobs_shape():

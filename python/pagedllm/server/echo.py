@@ -63,4 +63,4 @@ def prompt_echo_logprobs(state: ServerState, req: CompletionRequest, p: Prompt,
     if req.logprobs is None:
         return None
     return echo_logprobs(p.token_ids, out.prompt_logprobs, req.logprobs, _decoder(state),
-                         req.return_tokens_as_token_ids)
+                         req.return_tokens_as_token_ids, text=echo_text(state, p))

@@ -62,7 +62,8 @@ def completion_logprobs(token_ids: List[int], positions: List[PositionLogprobs],
 
 
 def echo_logprobs(token_ids: List[int], positions: Optional[List[Optional[PositionLogprobs]]],
-                  k: int, decode: Callable[[int], str], as_ids: bool = False) -> CompletionLogprobs:
+                  k: int, decode: Callable[[int], str], as_ids: bool = False,
+                  text: Optional[str] = None) -> CompletionLogprobs:
     """/v1/completions logprobs of an echoed prompt: the first token has none (null), as in
     OpenAI's legacy API and vLLM.
 
@@ -72,8 +73,11 @@ def echo_logprobs(token_ids: List[int], positions: Optional[List[Optional[Positi
         k: alternatives per token.
         decode: the text of a token id (for the first token, which has no entry).
         as_ids: name tokens "token_id:<id>".
+        text: the echoed prompt text, which the offsets index (None: the tokens' own text).
+            Tokens whose text is not in it (a bos the tokenizer added) get offset 0, and no
+            offset passes len(text), where the generated tokens' offsets start.
     Returns:
-        The logprobs object, text offsets from 0.
+        The logprobs object, text offsets from 0, never decreasing.
     """
     out = CompletionLogprobs()
     offset = 0
@@ -93,6 +97,10 @@ def echo_logprobs(token_ids: List[int], positions: Optional[List[Optional[Positi
             out.top_logprobs.extend(part.top_logprobs)
         out.text_offset.append(offset)
         offset += len(token)
+    if text is not None:
+        joined = "".join(out.tokens)
+        shift = len(joined) - len(text) if joined.endswith(text) else 0
+        out.text_offset = [min(max(o - shift, 0), len(text)) for o in out.text_offset]
     return out
 
 
