@@ -244,6 +244,19 @@ def test_use_beam_search_refuses_per_token_logprobs(client):
     assert r.status_code == 200
 
 
+@pytest.mark.parametrize("field,value", [
+    ("stop", "\n"), ("stop", ["a"]), ("stop_token_ids", [3]), ("min_tokens", 2),
+    ("presence_penalty", 0.5), ("frequency_penalty", -1.0), ("repetition_penalty", 1.2),
+    ("top_p", 0.9), ("top_k", 5), ("min_p", 0.1), ("sparse_attention", {"strategy": "streaming"})])
+def test_use_beam_search_refuses_what_it_would_ignore(client, field, value):
+    """Beam search stops at EOS or max_tokens and ranks by logprob: a stop string or a penalty
+    it would silently drop is a 400 naming the field (they used to be ignored)."""
+    body = {"prompt": "x", "use_beam_search": True, "n": 2, "max_tokens": 2}
+    r = client.post("/v1/completions", json={**body, field: value})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field and "use_beam_search" in r.json()["error"]["message"]
+
+
 def test_models_do_not_expose_the_path(client):
     card = client.get("/v1/models").json()["data"][0]
     assert card["id"] == "scripted" and card["root"] == "scripted"

@@ -165,3 +165,19 @@ def test_use_beam_search_returns_the_engines_beams(server, client):
                                                                    "content": "hi"}],
                                           max_tokens=3, extra_body={"use_beam_search": True})
     assert chat.choices[0].finish_reason in ("stop", "length")
+
+
+def test_use_beam_search_takes_the_unset_values_and_extreme_penalties(server):
+    """The values client libraries send for "unset" (defaults, null, empty lists) pass with
+    use_beam_search; a length_penalty past the float range ranks the beams (it used to raise in
+    the engine thread and stop the server for every request)."""
+    body = {"prompt": "the quick", "use_beam_search": True, "n": 2, "max_tokens": 3,
+            "stop": None, "stop_token_ids": [], "min_tokens": 0, "presence_penalty": 0,
+            "frequency_penalty": 0.0, "repetition_penalty": 1, "top_p": 1, "top_k": -1,
+            "min_p": 0, "logprobs": None, "echo": False, "seed": 3}
+    for penalty in (1.0, -600.0, 1e308):
+        r = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=60,
+                       json={**body, "length_penalty": penalty})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"]) == 2
+    assert httpx.get(server.url + "/health", timeout=30).status_code == 200

@@ -71,14 +71,33 @@ def sampling_params(state: ServerState, req: _SamplingRequest, max_tokens: int,
         raise bad_request(message, message.split(" ", 1)[0]) from None
 
 
+# Fields beam search does not honour, with the values that mean "unset": a request that sets
+# one to anything else is refused rather than run without it. Beam search ranks by cumulative
+# logprob (temperature applies) and stops at EOS or max_tokens (ignore_eos applies).
+_NOT_WITH_BEAM_SEARCH = {
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (False,),
+    "prompt_logprobs": (None, 0), "stop": (None, "", []), "stop_token_ids": (None, []),
+    "min_tokens": (0,), "presence_penalty": (0.0,), "frequency_penalty": (0.0,),
+    "repetition_penalty": (1.0,), "top_p": (1.0,), "top_k": (-1, 0), "min_p": (0.0,),
+    "sparse_attention": (None,)}
+
+
 def check_beam_search(req: _SamplingRequest) -> None:
-    """400 for what use_beam_search cannot be combined with (per-token logprobs, echo)."""
+    """400 for what use_beam_search cannot be combined with: per-token logprobs, echo, and the
+    sampling and stopping fields it would ignore (stop strings, stop_token_ids, min_tokens,
+    penalties, top_p / top_k / min_p, sparse attention), each when set to anything but a value
+    that means unset (its default, null, or an empty list)."""
     if not req.use_beam_search:
         return
-    for name in ("logprobs", "top_logprobs", "echo", "prompt_logprobs"):
-        value = getattr(req, name, None)
-        if value not in (None, False, 0):
-            raise bad_request(f"use_beam_search cannot be combined with {name}", name)
+    for name, unset in _NOT_WITH_BEAM_SEARCH.items():
+        if name not in type(req).model_fields:
+            continue
+        value = getattr(req, name)
+        if any(value is u or (type(value) is type(u) and value == u) for u in unset):
+            continue
+        raise bad_request(f"use_beam_search cannot be combined with {name} (beam search ranks "
+                          "beams by their logprobs and stops at EOS or max_tokens; leave "
+                          f"{name} unset)", name)
 
 
 def beam_params(req: _SamplingRequest, params: SamplingParams) -> Optional[BeamSearchParams]:
