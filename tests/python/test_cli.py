@@ -101,7 +101,7 @@ def test_generate_with_config_file_and_stop(capsys, tmp_path):
     (["--max-model-len", "100000"], "max_model_len=100000 exceeds", 1),
     (["--num-kv-blocks", "64", "--max-tokens", "5000"],
      r"prompt 1: prompt \(\d+ tokens\) \+ max_tokens \(5000\) = \d+ exceeds max_model_len "
-     r"\(1024\) \(lower --max-tokens", 2),
+     r"\(1024\), the maximum context length \(lower --max-tokens", 2),
     (["--num-kv-blocks", "64", "--temperature", "-1"], "--temperature must be", 2),
 ])
 def test_generate_errors_are_one_line(capsys, argv, match, code):

@@ -159,7 +159,7 @@ def test_request_that_can_never_fit_is_rejected_while_others_go_on(engine_model_
     eng.add_request("a", {"prompt_token_ids": prompts[0]}, greedy())
     eng.add_request("b", {"prompt_token_ids": prompts[1]}, greedy())
     eng.step()
-    with pytest.raises(ValueError, match="exceeds max_model_len .120.; the KV pool .30 blocks"):
+    with pytest.raises(ValueError, match="exceeds max_model_len .120., the maximum context length; the KV pool .30 blocks"):
         eng.add_request("huge", {"prompt_token_ids": list(range(3, 130))}, greedy())
     with pytest.raises(ValueError, match="outside the vocabulary"):
         eng.add_request("bad", {"prompt_token_ids": [5, 99999]}, greedy())

@@ -235,6 +235,14 @@ def test_chat_template_kwargs_may_name_the_reserved_variables(client):
     assert "add_generation_prompt must be true or false" in r.json()["error"]["message"]
 
 
+def test_sampling_errors_name_the_field_as_param(client):
+    for sparse, param in (({"strategy": "dilated", "density": 5}, "sparse_attention.density"),
+                          ({"strategy": "bogus"}, "sparse_attention.strategy")):
+        r = client.post("/v1/completions", json={"prompt": "x", "sparse_attention": sparse})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "SamplingParams" not in r.text
+
+
 def test_use_beam_search_refuses_per_token_logprobs(client):
     r = client.post("/v1/completions", json={"prompt": "x", "use_beam_search": True, "n": 2,
                                              "logprobs": 1})

@@ -192,6 +192,10 @@ def test_api_key_guards_v1_and_metrics():
             r = c.get("/v1/models")
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
             assert r.headers["www-authenticate"] == "Bearer"
+            assert "missing API key" in r.json()["error"]["message"]
+            for header in ("sekret", "Basic sekret", "Bearer"):  # the key, but not as Bearer
+                r = c.get("/v1/models", headers={"Authorization": header})
+                assert r.status_code == 401 and "malformed Authorization header" in r.text, header
             r = c.post("/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer nope"})
             assert r.status_code == 401 and "incorrect" in r.json()["error"]["message"]
             r = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2},

@@ -213,7 +213,8 @@ class LLMEngine:
                        f"raise kv_cache_memory_bytes or num_kv_blocks")
             raise ValueError(
                 f"request {request_id}: prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
-                f"{total} exceeds max_model_len ({self.max_model_len}){why}")
+                f"{total} exceeds max_model_len ({self.max_model_len}), the maximum context "
+                f"length{why}")
         bs = self.block_size
         need = self.scheduler.sparse.blocks_needed(params, len(ids), total)  # streaming: bounded
         admit = -(-len(ids) // bs)

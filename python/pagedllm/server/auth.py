@@ -20,10 +20,15 @@ def require_api_key(api_key: Optional[str]) -> Callable:
     async def check(request: Request) -> None:
         if expected is None:
             return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if not header.strip():
             raise OpenAIError(401, "missing API key: send the header 'Authorization: Bearer "
                               "<key>'", code="invalid_api_key")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise OpenAIError(401, "malformed Authorization header: expected 'Bearer <key>' "
+                              "(the scheme 'Bearer', a space, then the key)",
+                              code="invalid_api_key")
         if not secrets.compare_digest(token.strip().encode("utf-8"), expected):
             raise OpenAIError(401, "incorrect API key", code="invalid_api_key")
 

@@ -4,6 +4,7 @@ output streams, and aborting everything when the client goes away."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, List, Optional, Tuple
@@ -68,7 +69,8 @@ def sampling_params(state: ServerState, req: _SamplingRequest, max_tokens: int,
             sparse_attention=req.sparse_attention, **knobs)
     except ValueError as e:
         message = str(e).replace("SamplingParams.", "")
-        raise bad_request(message, message.split(" ", 1)[0]) from None
+        field = re.match(r"[A-Za-z_][\w.]*", message)  # "top_k must be ...", "stop: ..."
+        raise bad_request(message, field.group(0) if field else None) from None
 
 
 # Fields beam search does not honour, with the values that mean "unset": a request that sets
@@ -126,7 +128,8 @@ def truncate(token_ids: List[int], keep: Optional[int], max_model_len: int) -> L
 async def submit(state: ServerState, base_id: str, prompts: List[Prompt],
                  params: SamplingParams, arrival_time: float,
                  extra_key: int = 0,
-                 beam: Optional[BeamSearchParams] = None) -> List[RequestStream]:
+                 beam: Optional[BeamSearchParams] = None,
+                 prompt_field: str = "prompt") -> List[RequestStream]:
     """Adds one engine request per prompt (ids base_id-0, base_id-1, ...).
 
     Args:
@@ -137,6 +140,7 @@ async def submit(state: ServerState, base_id: str, prompts: List[Prompt],
         arrival_time: when the HTTP request arrived (time.monotonic()).
         extra_key: the prefix-cache namespace (see cache_salt.py).
         beam: run beam searches instead (their streams yield the n best beams once).
+        prompt_field: the body field a refused prompt is reported under ("messages": chat).
     Returns:
         One stream per prompt, in order.
 
@@ -173,7 +177,8 @@ async def submit(state: ServerState, base_id: str, prompts: List[Prompt],
     i, e = failed[0]
     if isinstance(e, ValueError):
         where = f"prompt {i}: " if len(prompts) > 1 else ""
-        raise bad_request(where + without_request_id(str(e)), "prompt") from None
+        message = without_request_id(str(e)).replace("SamplingParams.", "")
+        raise bad_request(where + message, prompt_field) from None
     if isinstance(e, EngineDeadError):
         raise OpenAIError(503, f"the engine is not running ({e})") from None
     raise e

@@ -127,7 +127,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     request_id = new_id("chatcmpl")
     key = request_cache_key(raw, req.cache_salt, state.settings.cache_salt_by_api_key)
     streams = await submit(state, request_id, [prompt], params, arrival_time, key,
-                           beam_params(req, params))
+                           beam_params(req, params), prompt_field="messages")
     if req.stream:
         events = _stream(state, req, request_id, prompt, streams, holdback_for(stops))
         return sse_response(events, headers)
