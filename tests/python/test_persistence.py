@@ -188,3 +188,24 @@ def test_info_reports_the_store(engine_model_dir, prompts, tmp_path):
     llm.engine.shutdown()
     facts = store_facts(cfg)
     assert facts["state"] == "ok" and facts["records"] > 0 and facts["bytes"] > 0
+
+
+def test_shared_prefixes_load_from_disk_without_prefix_caching(engine_model_dir, prompts,
+                                                                tmp_path):
+    """Without the memory prefix cache, prompts that share blocks each load them from disk into
+    blocks of their own, in one step (the staged buffers were keyed by block alone, so the
+    second load of a key failed the whole step: every request came back empty)."""
+    plain = LLM(engine_model_dir, block_size=8, num_kv_blocks=256, enable_prefix_caching=False)
+    ref = [o.outputs[0].token_ids for o in plain.generate(tok(prompts), greedy(),
+                                                             use_tqdm=False)]
+    store = tmp_path / "kv"
+    first = engine(engine_model_dir, store, enable_prefix_caching=False)
+    assert run(first, prompts) == ref
+    first.engine.shutdown()
+    again = engine(engine_model_dir, store, enable_prefix_caching=False)
+    assert run(again, prompts) == ref
+    s = again.kv_cache_stats()
+    assert again.engine.num_failed_steps == 0
+    assert s["disk_hit_tokens"] >= 8 * len(prompts), s
+    assert s["used_blocks"] == 0 and not again.engine.tier._loads
+    again.engine.shutdown()

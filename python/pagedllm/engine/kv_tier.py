@@ -132,7 +132,9 @@ class PersistentTier:
         self._prefetches: Dict[str, _Prefetch] = {}
         self._staged = 0
         self._meta: Dict[bytes, np.ndarray] = {}       # key -> tokens of a planned store
-        self._loads: Dict[bytes, np.ndarray] = {}      # key -> staged bytes of a planned load
+        # key -> staged bytes of the planned loads of that key, one buffer per load: without
+        # prefix caching two requests may load the same block into blocks of their own.
+        self._loads: Dict[bytes, List[np.ndarray]] = {}
         self._served: collections.Counter = collections.Counter()
         self._writes: "queue.Queue" = queue.Queue(maxsize=max_queued_writes)
         self._reads: "queue.Queue" = queue.Queue()
@@ -210,7 +212,7 @@ class PersistentTier:
             self._staged -= len(p.keys)
             by_key = dict(zip(p.keys, p.buffers))
             for k in keys:
-                self._loads[k] = by_key[k]
+                self._loads.setdefault(k, []).append(by_key[k])
         self.disk_hit_tokens += len(keys) * self.block_size
 
     def release(self, request_id: str) -> None:
@@ -241,12 +243,35 @@ class PersistentTier:
 
     # --- the worker's side (the transfer plan's source and sink) -----------------------------
     def load_into(self, key: bytes, block: torch.Tensor) -> None:
-        """Copies a staged block into a device block view (a transfer plan load)."""
+        """Copies a staged block into a device block view (a transfer plan load).
+
+        Raises:
+            RuntimeError: no load of `key` was planned (plan_loads), or all ran already.
+        """
         with self._lock:
-            buf = self._loads.pop(key)
+            bufs = self._loads.get(key)
+            if not bufs:
+                raise RuntimeError(f"persistent KV tier: no staged load for block key "
+                                   f"{key.hex()} (planned loads and the step's plan disagree)")
+            buf = bufs.pop()
+            if not bufs:
+                del self._loads[key]
         src = torch.from_numpy(buf)
         dst = block.view(-1).view(torch.uint8) if block.dtype != torch.uint8 else block.view(-1)
         dst.copy_(src, non_blocking=False)
+
+    def discard(self, loads: Sequence[bytes], stores: Sequence[bytes]) -> None:
+        """Forgets the staged buffers of planned loads and the tokens of planned stores that a
+        failed step never ran (one buffer per load key, as plan_loads staged them)."""
+        with self._lock:
+            for key in loads:
+                bufs = self._loads.get(key)
+                if bufs:
+                    bufs.pop()
+                    if not bufs:
+                        del self._loads[key]
+            for key in stores:
+                self._meta.pop(key, None)
 
     def store_block(self, block: torch.Tensor, key: bytes) -> None:
         """Queues a copy of a freshly computed block for writing (a transfer plan store)."""

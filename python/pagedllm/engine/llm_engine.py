@@ -337,6 +337,9 @@ class LLMEngine:
             raise
         except Exception as e:  # noqa: BLE001 - the step's requests fail, not the engine
             self._fail(out, f"the model step failed: {type(e).__name__}: {e}")
+            if self.scheduler.tier is not None:  # what the step staged or planned for the disk
+                self.scheduler.tier.discard([k for k, _ in out.transfer.loads],
+                                            [k for _, k in out.transfer.stores])
             # Blocks this step filled were registered in the prefix cache before their K/V were
             # computed: forget every entry rather than ever serve one.
             self.kv_manager.reset_prefix_cache()
