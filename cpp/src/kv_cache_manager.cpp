@@ -227,7 +227,7 @@ void KVCacheManager::append_one_seq(SeqState& s, const TokenId* tokens, int32_t 
     ++fill_[static_cast<size_t>(b)];
     ++tokens_stored_;
     ++s.num_tokens;
-    if (enable_prefix_caching_) {
+    if (enable_prefix_caching_ && s.cache_new_blocks) {
       s.partial.push_back(tokens[i]);
       if (offset == block_size_ - 1) {  // the block just filled: make it findable
         const uint64_t h = cache_.block_hash(s.last_hash, s.partial.data(), s.extra_key);
@@ -282,6 +282,16 @@ void KVCacheManager::fork(SeqId parent, SeqId child) {
   for (BlockId b : p.table.blocks())
     if (b != BlockTable::kDroppedBlock) allocator_.incref(b);
   seqs_.emplace(child, p);
+}
+
+void KVCacheManager::stop_caching(SeqId seq) {
+  SeqState& s = state(seq);
+  s.cache_new_blocks = false;
+  s.partial.clear();  // the unfilled block is never hashed now
+}
+
+bool KVCacheManager::caching(SeqId seq) const {
+  return enable_prefix_caching_ && state(seq).cache_new_blocks;
 }
 
 int32_t KVCacheManager::drop_blocks(SeqId seq, int32_t begin, int32_t end) {

@@ -153,6 +153,34 @@ TEST(KVCacheManager, DroppedCachedBlockIsParked) {
   EXPECT_EQ(m.stats().used_blocks, 0);
 }
 
+TEST(KVCacheManager, StopCachingKeepsLaterBlocksOutOfThePrefixCache) {
+  KVCacheManager m(16, 4);
+  const auto prompt = iota_tokens(10);  // blocks 0, 1 full (registered), 2 holds 2 tokens
+  admit(m, 1, prompt);
+  EXPECT_TRUE(m.caching(1));
+  m.stop_caching(1);
+  EXPECT_FALSE(m.caching(1));
+  std::vector<Slot> slots(6);
+  std::vector<CowPair> cow;
+  const auto more = iota_tokens(6, 11);  // fills block 2 and block 3
+  ASSERT_TRUE(m.append(1, more.data(), 6, slots.data(), cow));
+  m.fork(1, 2);
+  EXPECT_FALSE(m.caching(2));  // forks inherit it
+  // A prompt of the same 16 tokens finds the two blocks filled before, not the later ones.
+  auto all = prompt;
+  all.insert(all.end(), more.begin(), more.end());
+  all.push_back(99);
+  EXPECT_EQ(m.num_cached_tokens(all.data(), static_cast<int32_t>(all.size()), 0), 8);
+  m.free(1);
+  m.free(2);
+  EXPECT_EQ(m.stats().cached_blocks, 2);
+  EXPECT_EQ(m.stats().used_blocks, 0);
+  EXPECT_THROW(m.stop_caching(7), Error);
+  KVCacheManager off(4, 4, /*enable_prefix_caching=*/false);
+  admit(off, 1, iota_tokens(3));
+  EXPECT_FALSE(off.caching(1));
+}
+
 TEST(KVCacheManager, FailedAppendChangesNothing) {
   KVCacheManager m(3, 4, /*enable_prefix_caching=*/false);
   admit(m, 1, iota_tokens(8));

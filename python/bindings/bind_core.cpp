@@ -247,6 +247,11 @@ void bind_manager(py::module_& m) {
            "Drops logical blocks [begin, end) of seq_id (never read again; entries become -1, "
            "positions keep counting); each is freed once no other table holds it. Returns the "
            "blocks newly dropped.")
+      .def("stop_caching", &KVCacheManager::stop_caching, py::arg("seq_id"),
+           "Registers none of seq_id's blocks that fill from now on in the prefix cache "
+           "(block-sparse K/V); its forks inherit this.")
+      .def("caching", &KVCacheManager::caching, py::arg("seq_id"),
+           "Whether seq_id's blocks are still registered in the prefix cache as they fill.")
       .def("reset_prefix_cache", &KVCacheManager::reset_prefix_cache)
       .def("reset_peak", &KVCacheManager::reset_peak)
       .def("contains", &KVCacheManager::contains, py::arg("seq_id"))

@@ -121,6 +121,11 @@ class KVCacheManager:
         """Drops logical blocks [begin, end) of seq_id (never read again; entries become -1,
         positions keep counting; the last block cannot be dropped); each is freed once no other
         table holds it. Returns the blocks newly dropped."""
+    def stop_caching(self, seq_id: int) -> None:
+        """Registers none of seq_id's blocks that fill from now on in the prefix cache (K/V
+        computed by block-sparse attention); its forks inherit this."""
+    def caching(self, seq_id: int) -> bool:
+        """Whether seq_id's blocks are still registered in the prefix cache as they fill."""
     def reset_prefix_cache(self) -> None: ...
     def reset_peak(self) -> None: ...
     def contains(self, seq_id: int) -> bool: ...

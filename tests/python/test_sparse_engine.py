@@ -182,3 +182,38 @@ def test_quest_bounds_travel_through_the_persistent_tier(engine_model_dir, tmp_p
     assert got == want
     _assert_no_leak(warm)
     warm.engine.shutdown()
+
+
+@pytest.mark.parametrize("cfg", [{"strategy": "fixed_pattern", "sink_blocks": 1,
+                                  "local_blocks": 1},
+                                 {"strategy": "quest", "token_budget": 24, "local_blocks": 2}])
+def test_sparse_decoded_blocks_are_not_served_to_dense_requests(engine_model_dir, prompts,  # noqa: F811
+                                                               cfg):
+    """K/V that sparse decode computed are approximate: a later dense request whose prompt runs
+    through them (a chat follow-up on the sparse answer) must compute its own, as a fresh engine
+    does (they were served from the prefix cache, and the outputs differed)."""
+    engine_cfg = {"strategy": "quest"} if cfg["strategy"] == "quest" else None
+    llm = _llm(engine_model_dir, sparse_attention=engine_cfg)
+    first = _run(llm, prompts[:1], max_tokens=40, sparse_attention=cfg)[0]
+    follow_up = prompts[0] + first.token_ids[:36] + [5, 6, 7]
+    got = _run(llm, [follow_up], sparse_attention={"strategy": "dense"})[0]
+    want = _run(_llm(engine_model_dir, sparse_attention=engine_cfg), [follow_up],
+                sparse_attention={"strategy": "dense"})[0]
+    assert got.token_ids == want.token_ids
+    assert got.logprobs == want.logprobs
+    stats = llm.kv_cache_stats()
+    # The prompt's own (densely prefilled) blocks are still shared.
+    assert stats["prefix_cache_hits"] >= (len(prompts[0]) // 4) * 4, stats
+    assert stats["prefix_cache_hits"] < len(prompts[0]) + 4, stats
+    _assert_no_leak(llm)
+
+
+def test_sparse_settings_that_read_every_block_keep_caching(engine_model_dir, prompts):  # noqa: F811
+    """A sequence whose plan reads all it holds computes exact K/V: its blocks stay shareable."""
+    llm = _llm(engine_model_dir)
+    first = _run(llm, prompts[:1], max_tokens=40,
+                 sparse_attention={"strategy": "fixed_pattern", "local_blocks": 1000})[0]
+    follow_up = prompts[0] + first.token_ids[:36] + [5, 6, 7]
+    _run(llm, [follow_up])
+    assert llm.kv_cache_stats()["prefix_cache_hits"] >= len(prompts[0]) + 32
+    _assert_no_leak(llm)

@@ -117,6 +117,13 @@ class KVCacheManager {
   // (or to the prefix cache's parked list) once no other table holds it. The last block (the
   // one being written) cannot be dropped. Returns the blocks newly dropped from the table.
   int32_t drop_blocks(SeqId seq, int32_t begin, int32_t end);
+  // Registers none of `seq`'s blocks that fill from now on in the prefix cache (its blocks
+  // registered so far stay findable); its forks inherit this. For K/V that other sequences
+  // must not reuse: computed by approximate (block-sparse) attention. Throws if unknown.
+  void stop_caching(SeqId seq);
+  // Whether `seq`'s blocks are still registered as they fill (false after stop_caching, and
+  // with prefix caching off). Throws if unknown.
+  bool caching(SeqId seq) const;
   // Drops `seq`'s references (tail first) and forgets it. Cached blocks that reach refcount 0
   // are parked for later hits; the others become free.
   void free(SeqId seq);
@@ -160,6 +167,7 @@ class KVCacheManager {
     uint64_t extra_key = 0;
     uint64_t last_hash = PrefixCache::kRootHash;  // hash of the last full block
     std::vector<TokenId> partial;                 // tokens of the unfilled last block
+    bool cache_new_blocks = true;                 // register blocks as they fill
   };
 
   // Walks the prefix cache; fills `hits` with matched blocks, returns the last block's hash.

@@ -357,6 +357,7 @@ class Scheduler:
         todo = [s for s in self.running if s.num_tokens > s.num_computed_tokens]
         if not todo:
             return budget
+        self._stop_caching_sparse(todo)
         # Fast path: every running sequence decodes one token and the pool has room (a last
         # prompt token of an image prompt takes the slow path: cache ids, encoder budget).
         if all(s.num_tokens - s.num_computed_tokens == 1 and not (
@@ -569,6 +570,21 @@ class Scheduler:
             budget -= n
             self._run(seq)
             i = 0  # the next pick starts over (idle sequences stay skipped)
+
+    def _stop_caching_sparse(self, todo: List[Sequence]) -> None:
+        """Sequences about to decode with block-sparse attention that reads fewer blocks than
+        they hold: the blocks they fill from now on stay out of the prefix cache (before the
+        append that may fill one), so a later dense request, or one with other sparse settings,
+        never reuses K/V that sparse attention computed."""
+        if self.sparse.default is None and not any(
+                getattr(s.request.params, "sparse_attention", None) is not None for s in todo):
+            return
+        for s in todo:
+            if (s.num_tokens - s.num_computed_tokens == 1
+                    and s.num_computed_tokens >= s.num_prompt_tokens
+                    and self.kv.caching(s.seq_id)
+                    and self.sparse.reads_fewer(s.request.params, s.num_tokens)):
+                self.kv.stop_caching(s.seq_id)
 
     # --- the persistent tier ------------------------------------------------------------------
     def _persistent_keys(self, req: Request) -> list:

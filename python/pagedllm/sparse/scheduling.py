@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from pagedllm.sparse.config import SparseAttentionConfig
-from pagedllm.sparse.plan import SparsePlan, plan_step
+from pagedllm.sparse.plan import SparsePlan, plan_step, select_blocks
 from pagedllm.sparse.registry import get_strategy
 
 
@@ -100,6 +100,21 @@ class SparseScheduling:
             return every
         window = cfg.sink_blocks + cfg.local_blocks + 1
         return min(every, max(-(-prompt_len // self.block_size) + 1, window))
+
+    def reads_fewer(self, params: Any, context_len: int) -> bool:
+        """Whether a decode step at `context_len` tokens (the new one included) reads fewer
+        blocks than the sequence holds: its attention, and so the K/V written from the next
+        layer's input on, are then approximate, and other requests must not reuse them.
+
+        Args:
+            params: the request's SamplingParams.
+            context_len: the sequence's context after the step.
+        """
+        cfg = self.config_for(params)
+        if cfg is None or not cfg.enabled or context_len < cfg.min_context:
+            return False
+        chosen, budget = select_blocks(cfg, context_len, self.block_size)
+        return budget > 0 or len(chosen) < -(-context_len // self.block_size)
 
     @staticmethod
     def dropped_any(kv: Any, seq_id: int) -> bool:
