@@ -119,7 +119,7 @@ std::pair<int32_t, int32_t> KVCacheManager::query_admission(
 int32_t KVCacheManager::admit(SeqId seq, const TokenId* tokens, int32_t n, const uint64_t* hashes,
                               int32_t num_hashes, uint64_t extra_key, int32_t max_cached_tokens,
                               int32_t num_new_tokens, Slot* slots_out,
-                              std::vector<CowPair>& cow_out) {
+                              std::vector<CowPair>& cow_out, bool cache_new_blocks) {
   PAGEDLLM_CHECK_ARG(n >= 1, "admit: a sequence needs at least 1 token, got " << n);
   PAGEDLLM_CHECK_ARG(num_new_tokens >= 0, "admit: num_new_tokens must be >= 0, got "
                                               << num_new_tokens);
@@ -137,6 +137,10 @@ int32_t KVCacheManager::admit(SeqId seq, const TokenId* tokens, int32_t n, const
   const int32_t needed = blocks_for_tokens(int64_t{cached} + num_new_tokens, block_size_) - num_hits;
   if (int64_t{needed} > int64_t{num_available_blocks()} - parked_hits) return -1;
   SeqState& s = register_seq(seq, extra_key, last_hash, hits, n);
+  if (!cache_new_blocks) {
+    s.cache_new_blocks = false;
+    s.partial.clear();
+  }
   append_one_seq(s, tokens + cached, num_new_tokens, slots_out, cow_out);
   return cached;
 }

@@ -176,6 +176,13 @@ TEST(KVCacheManager, StopCachingKeepsLaterBlocksOutOfThePrefixCache) {
   EXPECT_EQ(m.stats().cached_blocks, 2);
   EXPECT_EQ(m.stats().used_blocks, 0);
   EXPECT_THROW(m.stop_caching(7), Error);
+  // admit(..., cache_new_blocks = false): the cached prefix is used, nothing new registered.
+  const auto longer = iota_tokens(20, 40);
+  std::vector<Slot> s3(20);
+  EXPECT_EQ(m.admit(3, longer.data(), 20, nullptr, 0, 0, 0, 20, s3.data(), cow, false), 0);
+  EXPECT_FALSE(m.caching(3));
+  EXPECT_EQ(m.num_cached_tokens(longer.data(), 20, 0), 0);
+  m.free(3);
   KVCacheManager off(4, 4, /*enable_prefix_caching=*/false);
   admit(off, 1, iota_tokens(3));
   EXPECT_FALSE(off.caching(1));

@@ -185,7 +185,8 @@ void bind_manager(py::module_& m) {
       .def(
           "admit",
           [](KVCacheManager& k, SeqId seq, I32Array tokens, U64Array hashes, uint64_t extra_key,
-             int32_t max_cached_tokens, int32_t num_new_tokens) -> py::object {
+             int32_t max_cached_tokens, int32_t num_new_tokens,
+             bool cache_new_blocks) -> py::object {
             PAGEDLLM_CHECK_ARG(num_new_tokens >= 0, "admit: num_new_tokens must be >= 0, got "
                                                         << num_new_tokens);
             py::array_t<int64_t> slots(num_new_tokens);
@@ -193,16 +194,18 @@ void bind_manager(py::module_& m) {
             const int32_t cached =
                 k.admit(seq, tokens.data(), length_1d(tokens, "tokens"), hashes.data(),
                         length_1d(hashes, "hashes"), extra_key, max_cached_tokens,
-                        num_new_tokens, slots.mutable_data(), cow);
+                        num_new_tokens, slots.mutable_data(), cow, cache_new_blocks);
             if (cached < 0) return py::none();
             py::tuple r = append_result(std::move(slots), cow);
             return py::make_tuple(cached, r[0], r[1]);
           },
           py::arg("seq_id"), py::arg("tokens"), py::arg("hashes"), py::arg("extra_key"),
           py::arg("max_cached_tokens"), py::arg("num_new_tokens"),
+          py::arg("cache_new_blocks") = true,
           "The do: registers seq_id with its cached prefix and reserves slots for the next "
           "num_new_tokens tokens; returns (cached, slots int64[n], cow int32[k, 2]) or None "
-          "when out of blocks (nothing changed).")
+          "when out of blocks (nothing changed). cache_new_blocks=False: as after "
+          "stop_caching.")
       .def("blocks_needed", &KVCacheManager::blocks_needed, py::arg("seq_id"), py::arg("n"))
       .def("can_append", &KVCacheManager::can_append, py::arg("seq_id"), py::arg("n"))
       .def(

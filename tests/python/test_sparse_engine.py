@@ -217,3 +217,32 @@ def test_sparse_settings_that_read_every_block_keep_caching(engine_model_dir, pr
     _run(llm, [follow_up])
     assert llm.kv_cache_stats()["prefix_cache_hits"] >= len(prompts[0]) + 32
     _assert_no_leak(llm)
+
+
+def test_swapped_sparse_sequences_stay_out_of_the_prefix_cache(engine_model_dir):  # noqa: F811
+    """Swap-in re-admits a sequence block by block: a sequence holding sparse-decoded K/V must
+    come back with its blocks kept out of the prefix cache, at every step; outputs still equal
+    an ample pool's (swapping moves the sparse K/V as they are)."""
+    cfg = {"strategy": "fixed_pattern", "sink_blocks": 1, "local_blocks": 1}
+    prompts = mixed_prompts(12, seed=2, lo=20, hi=60)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    ample = _llm(engine_model_dir, sparse_attention=cfg)
+    want = [o.outputs[0].token_ids for o in ample.generate(
+        [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+    tight = LLM(engine_model_dir, block_size=4, num_kv_blocks=70, max_num_seqs=12,
+                watermark=0.0, preemption_mode="swap", swap_space=0.01, sparse_attention=cfg)
+    eng, sched = tight.engine, tight.engine.scheduler
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), {"prompt_token_ids": p}, params)
+    got, swapped_back = {}, 0
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                got[out.request_id] = out.outputs[0].token_ids
+        for s in sched.running:
+            if s.sparse_kv:
+                assert not sched.kv.caching(s.seq_id), s.seq_id
+                swapped_back += s.num_preemptions > 0
+    assert sched.num_swap_ins > 0 and swapped_back > 0
+    assert [got[str(i)] for i in range(len(prompts))] == want
+    _assert_no_leak(tight)

@@ -88,11 +88,13 @@ class KVCacheManager {
   // The do: registers `seq` with its cached prefix (as query_admission found it), then
   // reserves slots for the `num_new_tokens` tokens of `tokens` after that prefix, written to
   // slots_out[0..num_new_tokens) (copy-on-write pairs to cow_out). Returns the cached length,
-  // or -1 (nothing changed) when the pool cannot supply the blocks. Throws if `seq` is
-  // registered, n < 1, or the prefix plus num_new_tokens exceeds n.
+  // or -1 (nothing changed) when the pool cannot supply the blocks. With cache_new_blocks
+  // false the sequence starts as after stop_caching (a swapped-in sequence holding sparse
+  // K/V). Throws if `seq` is registered, n < 1, or the prefix plus num_new_tokens exceeds n.
   int32_t admit(SeqId seq, const TokenId* tokens, int32_t n, const uint64_t* hashes,
                 int32_t num_hashes, uint64_t extra_key, int32_t max_cached_tokens,
-                int32_t num_new_tokens, Slot* slots_out, std::vector<CowPair>& cow_out);
+                int32_t num_new_tokens, Slot* slots_out, std::vector<CowPair>& cow_out,
+                bool cache_new_blocks = true);
 
   // --- growth -------------------------------------------------------------------------------
   // Blocks append(seq, n) would take from the pool (new blocks plus a copy-on-write copy).

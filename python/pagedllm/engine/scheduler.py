@@ -290,6 +290,7 @@ class Scheduler:
         if self.cross is not None:
             self.cross.fork(parent.seq_id, child.seq_id)
         child.num_computed_tokens = parent.num_computed_tokens
+        child.sparse_kv = parent.sparse_kv
         self._run(child)
 
     def add_beam(self, seq: Sequence) -> None:
@@ -407,8 +408,9 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, step: _Step) -> None:
         """Takes a running sequence's blocks away: swapped to the host pool when the mode and
-        the host pool allow, else freed to be recomputed. The victim has no entry in this step
-        (it is the latest arrival, or idle)."""
+        the host pool allow, else freed to be recomputed (streaming sequences with dropped
+        blocks and cross-attention ones always are). The victim has no entry in this step (it
+        is the latest arrival, or idle)."""
         self.num_preemptions += 1
         seq.num_preemptions += 1
         step.preempted.append(seq)
@@ -428,6 +430,7 @@ class Scheduler:
                 return
         self._free_blocks(seq)
         seq.num_computed_tokens = 0
+        seq.sparse_kv = False  # recomputed: its prompt and tokens are prefilled densely
         self._enqueue(seq)
 
     def _swapped_pending(self) -> bool:
@@ -469,7 +472,9 @@ class Scheduler:
             need = computed - cached + n_new
             if fit < need:
                 break
-            res = self.kv.admit(seq.seq_id, tokens, hashes, req.extra_key, computed, need)
+            # Sparse-decoded K/V come back from the host: keep them out of the prefix cache.
+            res = self.kv.admit(seq.seq_id, tokens, hashes, req.extra_key, computed, need,
+                                cache_new_blocks=not seq.sparse_kv)
             assert res is not None and res[0] == cached, "query_admission promised room"
             _, slots, cow = res
             table = self.kv.block_table(seq.seq_id)
@@ -585,6 +590,7 @@ class Scheduler:
                     and self.kv.caching(s.seq_id)
                     and self.sparse.reads_fewer(s.request.params, s.num_tokens)):
                 self.kv.stop_caching(s.seq_id)
+                s.sparse_kv = True
 
     # --- the persistent tier ------------------------------------------------------------------
     def _persistent_keys(self, req: Request) -> list:
@@ -738,6 +744,7 @@ class Scheduler:
                     if self.cross is not None:
                         self.cross.fork(seq.seq_id, child.seq_id)
                     child.num_computed_tokens = e.start
+                    child.sparse_kv = seq.sparse_kv
                     e.forks.append(child)
                     self._run(child)
                 targets.extend(SampleTarget(row, s, req.params) for s in [seq, *e.forks])

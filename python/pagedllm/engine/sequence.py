@@ -68,6 +68,9 @@ class Sequence:
         self.beam_pending: Optional[list] = None  # beam search: (token, logprob) candidates
         self.beam_logprobs: list = []             # beam search: chosen tokens' logprobs
         self.host_blocks: Optional[List[int]] = None  # SWAPPED: host pool ids, logical order
+        # Its K/V include some that block-sparse decode computed (kept out of the prefix cache,
+        # swapped in without registering); False again once recomputed.
+        self.sparse_kv = False
 
     @property
     def is_idle(self) -> bool:
