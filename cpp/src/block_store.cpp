@@ -1,5 +1,10 @@
 // Block keys, the record codec, the indexed base of the backends and the factory.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "block_store_internal.h"
 #include "pagedllm/error.h"
@@ -42,6 +47,29 @@ std::string to_hex(const BlockKey& key) {
     s[31 - i] = digits[(key.lo >> (4 * i)) & 0xF];
   }
   return s;
+}
+
+BlockKey file_digest(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  PAGEDLLM_CHECK_IO(fd >= 0, "file_digest: cannot open '" << path << "': " << std::strerror(errno));
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  XXH3_state_t state;
+  XXH3_128bits_reset(&state);
+  std::vector<unsigned char> buf(size_t{4} << 20);
+  for (;;) {
+    const ssize_t got = ::read(fd, buf.data(), buf.size());
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      const int e = errno;
+      ::close(fd);
+      PAGEDLLM_CHECK_IO(false, "file_digest: cannot read '" << path << "': " << std::strerror(e));
+    }
+    if (got == 0) break;
+    XXH3_128bits_update(&state, buf.data(), static_cast<size_t>(got));
+  }
+  ::close(fd);
+  const XXH128_hash_t h = XXH3_128bits_digest(&state);
+  return BlockKey{h.high64, h.low64};
 }
 
 std::vector<std::string> compiled_block_store_backends() {

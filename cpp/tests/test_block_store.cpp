@@ -126,6 +126,39 @@ TEST(BlockKeyTest, DeterministicAndChained) {
   EXPECT_THROW(block_key(kRootKey, a.data(), -1, 0), Error);
 }
 
+// file_digest against XXH3-128 reference values (Python's xxhash 3.x package, xxh3_128) of
+// files of bytes i % 251: empty, 1000 bytes, and 10 MiB + 7 (across the 4 MiB read buffer).
+TEST(FileDigestTest, MatchesXxh3ReferenceAndSeesEveryByte) {
+  const fs::path dir = fs::temp_directory_path() / ("pagedllm_digest_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const struct {
+    size_t n;
+    uint64_t hi, lo;
+  } cases[] = {{0, 0x99aa06d3014798d8ull, 0x6001c324468d497full},
+               {1000, 0x18bf41bc8229e277ull, 0x33ef703fb2b20ed1ull},
+               {(size_t{10} << 20) + 7, 0xaa61c528d4acad04ull, 0x4d378ff66bd3c49bull}};
+  for (const auto& c : cases) {
+    std::string bytes(c.n, '\0');
+    for (size_t i = 0; i < c.n; ++i) bytes[i] = static_cast<char>(i % 251);
+    const fs::path f = dir / ("f" + std::to_string(c.n));
+    std::ofstream(f, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(c.n));
+    EXPECT_EQ(file_digest(f.string()), (BlockKey{c.hi, c.lo})) << c.n;
+    if (c.n > (size_t{8} << 20)) {  // one byte changed far past the first read
+      bytes[c.n - 3] ^= 1;
+      std::ofstream(f, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(c.n));
+      EXPECT_NE(file_digest(f.string()), (BlockKey{c.hi, c.lo}));
+    }
+  }
+  try {
+    file_digest((dir / "missing").string());
+    ADD_FAILURE() << "no error for a missing file";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+    EXPECT_NE(std::string(e.what()).find("missing"), std::string::npos);
+  }
+  fs::remove_all(dir);
+}
+
 TEST(BlockStoreFactory, UnknownBackendAndBadPath) {
   EXPECT_THROW(open_block_store("tape", "/tmp/x"), Error);
   // A path whose parent is a regular file fails even as root.

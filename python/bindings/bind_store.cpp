@@ -163,6 +163,20 @@ void bind_store(py::module_& m) {
       "128-bit chained content key (XXH3-128) of a block: parent key (16 bytes; ROOT_BLOCK_KEY "
       "for the first block), the block's token ids, an extra key. Returns 16 bytes.");
 
+  m.def(
+      "file_digest",
+      [](const std::string& path) {
+        BlockKey k;
+        {
+          py::gil_scoped_release release;
+          k = file_digest(path);
+        }
+        return key_to_bytes(k);
+      },
+      py::arg("path"),
+      "XXH3-128 of every byte of the file at path (16 bytes); reads it front to back without "
+      "the GIL. Raises OSError naming the path when it cannot be read.");
+
   py::class_<PyBlockStore>(m, "BlockStore",
                            "Persistent content-addressed KV block store (file or rocksdb backend). "
                            "Thread-safe; I/O releases the GIL.")

@@ -19,6 +19,10 @@ def build_info() -> dict[str, Any]:
 ROOT_BLOCK_KEY: bytes
 """The parent key (16 bytes) of a sequence's first block."""
 
+def file_digest(path: str) -> bytes:
+    """XXH3-128 of every byte of the file at path (16 bytes), read front to back without the
+    GIL. Raises OSError naming the path when it cannot be read."""
+    ...
 def block_key(parent: bytes, tokens: IntArray, extra_key: int = 0) -> bytes:
     """128-bit chained content key (XXH3-128) of one block: parent key (16 bytes), the block's
     token ids (int32), an extra key (tenant salt, image hash). Returns 16 bytes; stable across

@@ -80,6 +80,11 @@ BlockKey block_key(const BlockKey& parent, const TokenId* tokens, int32_t n, uin
 // 32 lowercase hex digits, hi first (used as the file name).
 std::string to_hex(const BlockKey& key);
 
+// XXH3-128 of every byte of the file at `path`, read front to back (what a persistent tier
+// fingerprints a checkpoint's weights by: a change anywhere changes it). Throws kIo naming the
+// path if it cannot be opened or read.
+BlockKey file_digest(const std::string& path);
+
 // What a record claims to be; a get must name the same to receive the payload.
 struct RecordMeta {
   std::string fingerprint;      // model fingerprint + KV dtype + layout; opaque to the store

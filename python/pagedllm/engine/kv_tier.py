@@ -2,8 +2,9 @@
 
 A full prompt block is identified across restarts by a 128-bit chained content key
 (`_core.block_key(parent key, its token ids, extra key)`) and stored with a fingerprint of
-everything that shapes its bytes (model config and weights' headers, model dtype, KV dtype and
-scales, block size, pool layout), so another model, dtype or layout can never read it; the store
+everything that shapes its bytes (model config and every byte of the weights: model_fingerprint.py;
+model dtype, KV dtype and scales, block size, pool layout), so another model, dtype or layout can
+never read it; the store
 compares the fingerprint, the block size and the token ids on every load and verifies the
 checksum (a mismatch is a miss, and the record is removed).
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import hashlib
 import logging
 import os
 import queue
@@ -36,47 +36,11 @@ import numpy as np
 import torch
 
 from pagedllm import _core
+from pagedllm.engine.model_fingerprint import DIGEST_CACHE_NAME, model_fingerprint
 
 logger = logging.getLogger("pagedllm")
 
 LAYOUT = "pagedllm-block-major-v1:[layers,2,kv_heads,block_size,head_dim]"
-
-
-def model_fingerprint(model_path: str, parts: Sequence[str], samples: int = 16,
-                      sample_bytes: int = 1 << 16) -> str:
-    """A digest of what shapes a block's bytes: config.json; for every safetensors file its
-    header (names, shapes, dtypes, offsets), its size and `samples` evenly spaced slices of
-    `sample_bytes` of its weights (fine-tuned or re-initialised weights differ in all of them;
-    reading every byte of a multi-GB checkpoint at each start would cost seconds); plus `parts`
-    (model dtype, KV dtype and scales, block size, layout).
-
-    Args:
-        model_path: the checkpoint directory.
-        parts: further strings that must match for a block to be reusable.
-        samples, sample_bytes: the weight slices hashed per file.
-    Returns:
-        A hex digest (sha256).
-    """
-    h = hashlib.sha256()
-    with open(os.path.join(model_path, "config.json"), "rb") as f:
-        h.update(f.read())
-    for name in sorted(os.listdir(model_path)):
-        if not name.endswith(".safetensors"):
-            continue
-        path = os.path.join(model_path, name)
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(8)
-            n = int.from_bytes(head, "little") if len(head) == 8 else 0
-            h.update(name.encode() + head + f.read(min(n, 1 << 26)) + str(size).encode())
-            start = 8 + n
-            span = max(size - start - sample_bytes, 0)
-            for i in range(samples):
-                f.seek(start + span * i // max(samples - 1, 1))
-                h.update(f.read(sample_bytes))
-    for p in parts:
-        h.update(b"\0" + p.encode())
-    return h.hexdigest()
 
 
 def prompt_keys(tokens: Sequence[int], block_size: int, extra_key: int) -> List[bytes]:
@@ -380,7 +344,12 @@ def open_tier(cfg, model_path: str, fingerprint_parts: Sequence[str], block_size
     except Exception as e:  # noqa: BLE001 - pagedllm.Error kinds map to several types
         raise ValueError(f"persistence.storage_path {cfg.storage_path!r}: cannot open the "
                          f"{cfg.backend} block store: {e}") from None
-    fp = model_fingerprint(model_path, [LAYOUT, *fingerprint_parts])
+    try:
+        fp = model_fingerprint(model_path, [LAYOUT, *fingerprint_parts],
+                               os.path.join(cfg.storage_path, DIGEST_CACHE_NAME))
+    except BaseException:
+        store.close()  # releases the directory's lock
+        raise
     return PersistentTier(store, fp, block_size, bytes_per_block, cfg.hot_blocks_threshold)
 
 
