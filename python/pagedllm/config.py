@@ -55,6 +55,7 @@ Unknown keys are an error that names them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Union
 
@@ -69,6 +70,10 @@ MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREEMPTION_MODES = ("recompute", "swap")
 CHECK_NUMERICS = ("off", "warn", "fail")
 EXECUTOR_BACKENDS = ("mp", "ray")
+_INT32_MAX = 2 ** 31 - 1   # block ids, token counts and positions are int32 in the C++ core
+_INT64_MAX = 2 ** 63 - 1
+_MAX_NUM_SEQS = 1 << 20
+_MAX_BATCHED_TOKENS = 1 << 24  # per step; budgets are summed in int32 in the core
 
 # YAML section -> {yaml key: EngineConfig field}
 _YAML_SECTIONS: Dict[str, Dict[str, str]] = {
@@ -213,42 +218,44 @@ class EngineConfig:
         def bad(name: str, expected: str) -> ValueError:
             return ValueError(f"{name} must be {expected}, got {getattr(self, name)!r}")
 
-        if self.block_size != "auto" and (
-                isinstance(self.block_size, bool) or not isinstance(self.block_size, int)
-                or not 1 <= self.block_size <= 256):
-            raise bad("block_size", "an integer in [1, 256] or 'auto'")
-        if self.expected_mean_seq_len is not None and (
-                isinstance(self.expected_mean_seq_len, bool)
-                or not isinstance(self.expected_mean_seq_len, int) or self.expected_mean_seq_len < 1):
-            raise bad("expected_mean_seq_len", "an integer >= 1 (tokens) or None")
+        def check_int(name: str, lo: int, hi: int, expected: str, optional: bool = False):
+            v = getattr(self, name)
+            if optional and v is None:
+                return
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise bad(name, expected)
+
+        def check_real(name: str, ok, expected: str):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or not ok(v):
+                raise bad(name, expected)
+
+        if self.block_size != "auto":
+            check_int("block_size", 1, 256, "an integer in [1, 256] or 'auto'")
+        check_int("expected_mean_seq_len", 1, _INT32_MAX, "an integer >= 1 (tokens) or None",
+                  optional=True)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise bad("kv_cache_dtype", "one of " + ", ".join(KV_CACHE_DTYPES))
-        if self.kv_cache_memory_bytes is not None and (
-            not isinstance(self.kv_cache_memory_bytes, int) or self.kv_cache_memory_bytes <= 0
-        ):
-            raise bad("kv_cache_memory_bytes", "a positive integer (bytes)")
-        if self.num_kv_blocks is not None and (
-            not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1
-        ):
-            raise bad("num_kv_blocks", "an integer >= 1")
-        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
-            raise bad("max_num_seqs", "an integer >= 1")
+        check_int("kv_cache_memory_bytes", 1, _INT64_MAX, "a positive integer (bytes)",
+                  optional=True)
+        check_int("num_kv_blocks", 1, _INT32_MAX, f"an integer in [1, {_INT32_MAX}]",
+                  optional=True)
+        check_int("max_num_seqs", 1, _MAX_NUM_SEQS, f"an integer in [1, {_MAX_NUM_SEQS}]")
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = max(2048, self.max_num_seqs)
-        if not isinstance(self.max_num_batched_tokens, int) or self.max_num_batched_tokens < self.max_num_seqs:
-            raise bad("max_num_batched_tokens", f"an integer >= max_num_seqs ({self.max_num_seqs})")
-        if self.max_model_len is not None and (
-            not isinstance(self.max_model_len, int) or self.max_model_len < 2
-        ):
-            raise bad("max_model_len", "an integer >= 2 or None")
-        if not 0.0 <= self.watermark < 1.0:
-            raise bad("watermark", "a fraction in [0, 1)")
-        if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
-            raise bad("num_threads", "an integer >= 1 or None")
+        check_int("max_num_batched_tokens", self.max_num_seqs, _MAX_BATCHED_TOKENS,
+                  f"an integer in [max_num_seqs ({self.max_num_seqs}), {_MAX_BATCHED_TOKENS}]")
+        check_int("max_model_len", 2, _INT32_MAX, "an integer >= 2 or None", optional=True)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise bad("enable_prefix_caching", "true or false")
+        check_real("watermark", lambda v: 0.0 <= v < 1.0, "a fraction in [0, 1)")
+        check_int("seed", 0, _INT64_MAX, f"an integer in [0, {_INT64_MAX}]")
+        check_int("num_threads", 1, 1024, "an integer in [1, 1024] or None", optional=True)
         if not isinstance(self.prepack_weights, bool):
             raise bad("prepack_weights", "true or false")
-        if not self.k_scale > 0 or not self.v_scale > 0:
-            raise ValueError(f"k_scale and v_scale must be > 0, got {self.k_scale}, {self.v_scale}")
+        check_real("k_scale", lambda v: v > 0, "a finite number > 0")
+        check_real("v_scale", lambda v: v > 0, "a finite number > 0")
         if not isinstance(self.device, str) or not _valid_device(self.device):
             raise bad("device", "one of auto, cpu, cuda, cuda:N")
         if self.dtype not in MODEL_DTYPES:
