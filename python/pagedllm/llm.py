@@ -12,7 +12,7 @@ import itertools
 from typing import List, Optional, Sequence as Seq, Union
 
 from pagedllm.config import EngineConfig
-from pagedllm.engine.llm_engine import LLMEngine, PromptType
+from pagedllm.engine.llm_engine import LLMEngine, PromptType, without_request_id
 from pagedllm.outputs import BeamSearchOutput, RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, SamplingParams
 from pagedllm.text_checks import check_text
@@ -116,10 +116,19 @@ class LLM:
         plist = _as_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or self.engine.default_sampling_params()] * len(plist)
-        else:
+        elif isinstance(sampling_params, (list, tuple)):
             params = list(sampling_params)
             if len(params) != len(plist):
                 raise ValueError(f"got {len(params)} SamplingParams for {len(plist)} prompts")
+            for i, p in enumerate(params):
+                if not isinstance(p, SamplingParams):
+                    raise ValueError(f"sampling_params[{i}] must be a SamplingParams, got "
+                                     f"{type(p).__name__} (SamplingParams(**d) builds one from "
+                                     "a dict)")
+        else:
+            raise ValueError("sampling_params must be a SamplingParams or a list of them, got "
+                             f"{type(sampling_params).__name__} (SamplingParams(**d) builds "
+                             "one from a dict)")
         ids = self._add_all(plist, lambda rid, p, i: self.engine.add_request(rid, p, params[i]))
         done = {}
         bar = self._bar(len(ids), use_tqdm, "Generating")
@@ -206,7 +215,7 @@ class LLM:
                 try:
                     ids.append(add(rid, p, i))
                 except ValueError as e:
-                    raise ValueError(f"prompt {i}: {e}") from None
+                    raise ValueError(f"prompt {i}: {without_request_id(str(e))}") from None
         except BaseException:
             self.engine.abort_request(ids)
             raise

@@ -18,7 +18,7 @@ import dataclasses
 import itertools
 import logging
 import os
-from typing import Callable, Dict, Iterable, List, Optional, Sequence as Seq, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence as Seq, Union
 
 import numpy as np
 import torch
@@ -56,6 +56,23 @@ def resolve_model_path(model: Optional[str]) -> str:
             f"model directory {model!r} not found (expected a Hugging Face Llama checkpoint "
             f"directory with config.json and *.safetensors; omit it to use the bundled model)")
     return model
+
+
+def _token_ids(ids: Any, what: str) -> List[int]:
+    """ids as a list of Python ints: a sequence (or 1-D array) of integers (numpy integers
+    too, never bools, floats or strings)."""
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"{what} must be a 1-D array of integer token ids, got an array of "
+                             f"{ids.dtype} with shape {tuple(ids.shape)}")
+        return [int(t) for t in ids]
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, range)):
+        raise ValueError(f"{what} must be a list of integer token ids, got "
+                         f"{type(ids).__name__}")
+    for i, t in enumerate(ids):
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            raise ValueError(f"{what}[{i}] must be an integer token id, got {t!r}")
+    return [int(t) for t in ids]
 
 
 def without_request_id(message: str) -> str:
@@ -178,10 +195,16 @@ class LLMEngine:
 
     # --- requests -----------------------------------------------------------------------------
     def _prompt_ids(self, prompt: PromptType) -> tuple:
-        """(text or None, token ids) of a prompt given as text, token ids or a dict."""
+        """(text or None, token ids) of a prompt given as text, token ids or a dict.
+
+        Raises:
+            ValueError: not one of those forms, or a token id that is not an integer (a float
+                or a string is refused, never rounded or parsed).
+        """
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+                return prompt.get("prompt"), _token_ids(prompt["prompt_token_ids"],
+                                                        "prompt_token_ids")
             if "prompt" in prompt:
                 prompt = prompt["prompt"]
             else:
@@ -192,7 +215,10 @@ class LLMEngine:
                 raise ValueError(f"the model at {self.model_path} has no tokenizer.json: give "
                                  "prompts as {'prompt_token_ids': [...]}")
             return prompt, self.tokenizer.encode(prompt)
-        return None, [int(t) for t in prompt]
+        if prompt is None:
+            raise ValueError("the prompt is None: expected text, a list of token ids or a "
+                             "{'prompt': ...} / {'prompt_token_ids': [...]} dict")
+        return None, _token_ids(prompt, "prompt")
 
     def _validate(self, request_id: str, ids: List[int], max_tokens: int,
                   params: Optional[SamplingParams] = None) -> None:
