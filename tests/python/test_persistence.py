@@ -138,9 +138,31 @@ def test_a_store_removed_while_running_is_a_warning_not_an_outage(engine_model_d
 def test_two_engines_on_one_store_are_refused_clearly(engine_model_dir, tmp_path):
     store = tmp_path / "kv"
     first = engine(engine_model_dir, store)
-    with pytest.raises(ValueError, match="persistence.storage_path .* cannot open"):
+    with pytest.raises(ValueError, match="persistence.storage_path .* cannot open") as e:
         engine(engine_model_dir, store)
+    assert "call its close() first" in str(e.value)
     first.engine.shutdown()
+
+
+def test_an_engine_dropped_without_close_lets_go_of_the_store(engine_model_dir, prompts,
+                                                              tmp_path):
+    """A notebook that rebinds `llm = LLM(...)` drops the old engine without close(): once
+    collected it must release the directory's lock, its queued writes on disk (the tier's
+    threads and atexit hook held it alive, and the lock, until the process ended)."""
+    import gc
+    import weakref
+
+    store = tmp_path / "kv"
+    first = engine(engine_model_dir, store)
+    ref = run(first, prompts)
+    tier = weakref.ref(first.engine.tier)
+    del first
+    gc.collect()
+    assert tier() is None
+    second = engine(engine_model_dir, store)
+    assert run(second, prompts) == ref
+    assert second.kv_cache_stats()["disk_hit_tokens"] > 0
+    second.engine.shutdown()
 
 
 def test_bad_storage_paths_are_config_errors(tmp_path):

@@ -23,13 +23,13 @@ writer threads are its own. Shared state is guarded by one lock.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import logging
 import os
 import queue
 import threading
 import time
+import weakref
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -65,6 +65,99 @@ class _Prefetch:
         self.started = time.monotonic()
 
 
+class _Io:
+    """What the reader and writer threads use: the store, the record header, the queues, the
+    lock and the counters. The threads hold this, never the tier, so an engine dropped without
+    close() is collected and its finalizer closes the store (releasing the directory's lock)."""
+
+    def __init__(self, store, fingerprint: str, block_size: int, bytes_per_block: int,
+                 max_queued_writes: int):
+        self.store = store
+        self.fingerprint = fingerprint
+        self.block_size = block_size
+        self.bytes_per_block = bytes_per_block
+        self.lock = threading.Lock()
+        self.landed = threading.Condition(self.lock)  # notified when a prefetch finishes
+        self.writes: "queue.Queue" = queue.Queue(maxsize=max_queued_writes)
+        self.reads: "queue.Queue" = queue.Queue()
+        self.failed_once = False
+        self.failed_writes = 0
+        self.load_seconds = 0.0
+        self.loaded_blocks = 0
+        self.closed = False
+
+    def warn_once(self, message: str) -> None:
+        if not self.failed_once:
+            self.failed_once = True
+            logger.warning(message)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.writes.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+
+def _read_loop(io: _Io) -> None:
+    while True:
+        item = io.reads.get()
+        if item is None:
+            return
+        p = item
+        t0 = time.perf_counter()
+        for key, toks in zip(p.keys, p.tokens):
+            buf = np.empty(io.bytes_per_block, dtype=np.uint8)
+            try:
+                ok = io.store.get_into(key, io.fingerprint, io.block_size, toks, buf)
+            except Exception as e:  # noqa: BLE001 - a broken store is a miss
+                io.warn_once(f"reading the persistent KV store failed: {e}")
+                ok = False
+            if not ok:
+                break
+            p.buffers.append(buf)
+        with io.lock:
+            io.load_seconds += time.perf_counter() - t0
+            io.loaded_blocks += len(p.buffers)
+            p.done = True
+            io.landed.notify_all()
+
+
+def _write_loop(io: _Io) -> None:
+    try:  # below the engine's threads: writes wait for idle CPU, steps never wait for them
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
+    while True:
+        item = io.writes.get()
+        if item is None:
+            io.writes.task_done()
+            return
+        key, tokens, data = item
+        try:
+            ok = io.store.put(key, io.fingerprint, io.block_size, tokens, data)
+        except Exception as e:  # noqa: BLE001
+            ok = False
+            io.warn_once(f"writing the persistent KV store failed: {e}")
+        if not ok:
+            io.failed_writes += 1
+            io.warn_once("a write to the persistent KV store failed (disk full, read-only or "
+                         "removed, or a record larger than persistence.max_bytes?); serving "
+                         "from memory")
+        io.writes.task_done()
+
+
+def _close_io(io: _Io, writer: threading.Thread, reader: threading.Thread) -> None:
+    """Writes what is queued, stops the threads and closes the store (once)."""
+    if io.closed:
+        return
+    io.closed = True
+    io.flush()
+    io.writes.put(None)
+    io.reads.put(None)
+    writer.join(5)
+    reader.join(5)
+    io.store.close()
+
+
 class PersistentTier:
     """The engine's view of the persistent block store.
 
@@ -91,8 +184,9 @@ class PersistentTier:
         self.bytes_per_block = bytes_per_block
         self.hot_blocks_threshold = hot_blocks_threshold
         self.max_staged_blocks = max_staged_blocks
-        self._lock = threading.Lock()
-        self._landed = threading.Condition(self._lock)  # notified when a prefetch finishes
+        self._io = _Io(store, fingerprint, block_size, bytes_per_block, max_queued_writes)
+        self._lock = self._io.lock
+        self._landed = self._io.landed
         self._prefetches: Dict[str, _Prefetch] = {}
         self._staged = 0
         self._meta: Dict[bytes, np.ndarray] = {}       # key -> tokens of a planned store
@@ -100,23 +194,18 @@ class PersistentTier:
         # prefix caching two requests may load the same block into blocks of their own.
         self._loads: Dict[bytes, List[np.ndarray]] = {}
         self._served: collections.Counter = collections.Counter()
-        self._writes: "queue.Queue" = queue.Queue(maxsize=max_queued_writes)
-        self._reads: "queue.Queue" = queue.Queue()
-        self._failed_once = False
         self.disk_hit_tokens = 0
         self.disk_lookup_tokens = 0
         self.dropped_writes = 0
-        self.failed_writes = 0
-        self.load_seconds = 0.0
-        self.loaded_blocks = 0
-        self._stop = False
-        self._writer = threading.Thread(target=self._write_loop, name="pagedllm-kv-writer",
-                                        daemon=True)
-        self._reader = threading.Thread(target=self._read_loop, name="pagedllm-kv-reader",
-                                        daemon=True)
-        self._writer.start()
-        self._reader.start()
-        atexit.register(self.close)  # queued writes reach the disk before the process ends
+        writer = threading.Thread(target=_write_loop, args=(self._io,), name="pagedllm-kv-writer",
+                                  daemon=True)
+        reader = threading.Thread(target=_read_loop, args=(self._io,), name="pagedllm-kv-reader",
+                                  daemon=True)
+        writer.start()
+        reader.start()
+        # Runs at close(), when the tier is collected, or at exit (queued writes reach the
+        # disk first); it holds the IO state and threads, not the tier.
+        self._finalizer = weakref.finalize(self, _close_io, self._io, writer, reader)
 
     # --- the scheduler's side -----------------------------------------------------------------
     def keys_for(self, tokens: Sequence[int], extra_key: int) -> List[bytes]:
@@ -143,7 +232,7 @@ class PersistentTier:
             self._staged += len(keys)
             p = _Prefetch(list(keys), list(tokens))
             self._prefetches[request_id] = p
-        self._reads.put((request_id, p))
+        self._io.reads.put(p)
         return True
 
     def staged(self, request_id: str) -> Optional[List[bytes]]:
@@ -245,89 +334,31 @@ class PersistentTier:
             return
         data = block.reshape(-1).view(torch.uint8).cpu().numpy().copy()
         try:
-            self._writes.put_nowait((key, tokens, data))
+            self._io.writes.put_nowait((key, tokens, data))
         except queue.Full:
             self.dropped_writes += 1
-
-    # --- threads ------------------------------------------------------------------------------
-    def _read_loop(self) -> None:
-        while True:
-            item = self._reads.get()
-            if item is None:
-                return
-            rid, p = item
-            t0 = time.perf_counter()
-            for key, toks in zip(p.keys, p.tokens):
-                buf = np.empty(self.bytes_per_block, dtype=np.uint8)
-                try:
-                    ok = self.store.get_into(key, self.fingerprint, self.block_size, toks, buf)
-                except Exception as e:  # noqa: BLE001 - a broken store is a miss
-                    self._warn_once(f"reading the persistent KV store failed: {e}")
-                    ok = False
-                if not ok:
-                    break
-                p.buffers.append(buf)
-            with self._lock:
-                self.load_seconds += time.perf_counter() - t0
-                self.loaded_blocks += len(p.buffers)
-                p.done = True
-                self._landed.notify_all()
-
-    def _write_loop(self) -> None:
-        try:  # below the engine's threads: writes wait for idle CPU, steps never wait for them
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass
-        while True:
-            item = self._writes.get()
-            if item is None:
-                return
-            key, tokens, data = item
-            try:
-                ok = self.store.put(key, self.fingerprint, self.block_size, tokens, data)
-            except Exception as e:  # noqa: BLE001
-                ok = False
-                self._warn_once(f"writing the persistent KV store failed: {e}")
-            if not ok:
-                self.failed_writes += 1
-                self._warn_once("a write to the persistent KV store failed (disk full, "
-                                "read-only or removed?); serving from memory")
-            self._writes.task_done()
-
-    def _warn_once(self, message: str) -> None:
-        if not self._failed_once:
-            self._failed_once = True
-            logger.warning(message)
 
     # --- lifecycle and figures ----------------------------------------------------------------
     def flush(self, timeout: float = 30.0) -> None:
         """Waits until queued writes are on disk (tests, shutdown)."""
-        deadline = time.monotonic() + timeout
-        while self._writes.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.005)
+        self._io.flush(timeout)
 
     def close(self) -> None:
-        """Writes what is queued, stops the threads and closes the store."""
-        if self._stop:
-            return
-        self._stop = True
-        self.flush()
-        self._writes.put(None)
-        self._reads.put(None)
-        self._writer.join(5)
-        self._reader.join(5)
-        self.store.close()
+        """Writes what is queued, stops the threads and closes the store (releasing the
+        directory's lock); later calls do nothing."""
+        self._finalizer()
 
     def stats(self) -> dict:
         """Disk-tier figures for kv_cache_stats()."""
         s = {f"disk_{k}": v for k, v in self.store.stats().items()}
+        io = self._io
         s.update(disk_hit_tokens=self.disk_hit_tokens,
                  disk_lookup_tokens=self.disk_lookup_tokens,
-                 disk_write_queue=self._writes.qsize(),
+                 disk_write_queue=io.writes.qsize(),
                  disk_dropped_writes=self.dropped_writes,
-                 disk_failed_writes=self.failed_writes,
-                 disk_load_ms_per_block=(1e3 * self.load_seconds / self.loaded_blocks
-                                         if self.loaded_blocks else 0.0))
+                 disk_failed_writes=io.failed_writes,
+                 disk_load_ms_per_block=(1e3 * io.load_seconds / io.loaded_blocks
+                                         if io.loaded_blocks else 0.0))
         return s
 
 
@@ -342,8 +373,12 @@ def open_tier(cfg, model_path: str, fingerprint_parts: Sequence[str], block_size
     try:
         store = _core.BlockStore(cfg.storage_path, cfg.backend, cfg.max_bytes)
     except Exception as e:  # noqa: BLE001 - pagedllm.Error kinds map to several types
+        hint = ""
+        if "already open" in str(e):
+            hint = (" (in this process, an LLM or engine still referenced holds it: call its "
+                    "close() first; one dropped without close() lets go when it is collected)")
         raise ValueError(f"persistence.storage_path {cfg.storage_path!r}: cannot open the "
-                         f"{cfg.backend} block store: {e}") from None
+                         f"{cfg.backend} block store: {e}{hint}") from None
     try:
         fp = model_fingerprint(model_path, [LAYOUT, *fingerprint_parts],
                                os.path.join(cfg.storage_path, DIGEST_CACHE_NAME))
