@@ -70,6 +70,9 @@ class PersistenceConfig:
             if os.path.exists(self.storage_path) and not os.path.isdir(self.storage_path):
                 raise ValueError(f"persistence.storage_path {self.storage_path!r} exists and "
                                  f"is not a directory")
+            if os.path.exists(parent) and not os.path.isdir(parent):
+                raise ValueError(f"persistence.storage_path {self.storage_path!r}: its parent "
+                                 f"{parent!r} is not a directory")
             if not os.path.isdir(parent):
                 raise ValueError(f"persistence.storage_path {self.storage_path!r}: its parent "
                                  f"directory {parent!r} does not exist")

@@ -32,7 +32,9 @@ def bad_cases():
     png = png_bytes(img)
     return [
         (mm(b"not an image at all"), "not a PNG or JPEG"),
-        (mm(png[:len(png) // 2]), "corrupt or truncated"),
+        (mm(png[:len(png) // 2]), "corrupt or truncated PNG image data"),
+        (mm(None, text_prompt(4, 0)), "multi_modal_data['image'] is None"),
+        (mm([img, None], GOOD + [IMAGE_TOKEN]), "multi_modal_data['image'][1] is None"),
         (mm(png_bytes(img, "GIF")), "unsupported image format GIF"),
         (mm(png_bytes(img, "BMP")), "unsupported image format BMP"),
         (mm([img, img]), "2 image(s) were given"),

@@ -170,10 +170,25 @@ def test_bad_storage_paths_are_config_errors(tmp_path):
     f.write_text("x")
     with pytest.raises(ValueError, match="exists and is not a directory"):
         EngineConfig(persistence={"storage_path": str(f)})
+    with pytest.raises(ValueError, match="its parent .*file' is not a directory"):
+        EngineConfig(persistence={"storage_path": str(f / "kv")})
     with pytest.raises(ValueError, match="parent directory .* does not exist"):
-        EngineConfig(persistence={"storage_path": str(f / "sub" / "kv")})
+        EngineConfig(persistence={"storage_path": str(tmp_path / "none" / "kv")})
     with pytest.raises(ValueError, match="unknown key 'persistence.hot'"):
         EngineConfig(persistence={"storage_path": str(tmp_path), "hot": 1})
+
+
+def test_a_cap_below_one_record_is_refused_at_start(engine_model_dir, tmp_path):
+    """max_bytes under one block's record made every write fail, with a warning that did not
+    say why."""
+    with pytest.raises(ValueError, match=r"persistence.max_bytes=1000 holds no record: one "
+                                         r"block's record is (\d+) bytes"):
+        engine(engine_model_dir, tmp_path / "kv", persistence={"max_bytes": 1000})
+    llm = engine(engine_model_dir, tmp_path / "kv2", persistence={"max_bytes": 64 << 10})
+    run(llm, [[1, 5, 9, 12] * 8])
+    s = llm.kv_cache_stats()
+    assert s["disk_failed_writes"] == 0 and s["disk_records"] > 0, s
+    llm.engine.shutdown()
 
 
 def test_hot_blocks_threshold_writes_only_popular_blocks(engine_model_dir, prompts, tmp_path):

@@ -370,6 +370,13 @@ def open_tier(cfg, model_path: str, fingerprint_parts: Sequence[str], block_size
         ValueError: the store cannot be opened (path, permissions, lock held, backend missing);
             the message names storage_path and the cause.
     """
+    # One record: the block's payload, its token ids and a header of 128 bytes with the
+    # 64-character fingerprint (block_store.cpp, encode_header).
+    record_bytes = bytes_per_block + 4 * block_size + 128
+    if cfg.max_bytes and cfg.max_bytes < record_bytes:
+        raise ValueError(f"persistence.max_bytes={cfg.max_bytes} holds no record: one block's "
+                         f"record is {record_bytes} bytes with this model, KV dtype and "
+                         f"block_size; raise max_bytes to at least {record_bytes} (0: no cap)")
     try:
         store = _core.BlockStore(cfg.storage_path, cfg.backend, cfg.max_bytes)
     except Exception as e:  # noqa: BLE001 - pagedllm.Error kinds map to several types

@@ -40,7 +40,14 @@ def images_of(prompt: Any) -> List[object]:
         raise ImageInputError(f"multi_modal_data has {other}: only {list(MODALITIES)} is "
                               f"supported")
     images = data.get("image", [])
-    return list(images) if isinstance(images, (list, tuple)) else [images]
+    images = list(images) if isinstance(images, (list, tuple)) else [images]
+    for i, img in enumerate(images):
+        if img is None:
+            where = "multi_modal_data['image']" + (f"[{i}]" if len(images) > 1 else "")
+            raise ImageInputError(f"{where} is None: expected a PIL image or the bytes of a "
+                                  f"PNG/JPEG file (leave out multi_modal_data for a text-only "
+                                  f"prompt)")
+    return images
 
 
 class EngineImages:

@@ -63,7 +63,7 @@ def decode_image(data: bytes, limits: MultiModalLimits,
         limits.check_bytes(len(data))
     except ValueError as e:
         raise ImageInputError(str(e)) from None
-    fmt = "image"
+    fmt = ""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -85,7 +85,8 @@ def decode_image(data: bytes, limits: MultiModalLimits,
         raise ImageInputError(f"the image data ({len(data)} bytes) is not a PNG or JPEG file "
                               f"Pillow can identify") from None
     except (OSError, SyntaxError, ValueError) as e:
-        raise ImageInputError(f"corrupt or truncated {fmt} image data ({e})") from None
+        raise ImageInputError(f"corrupt or truncated {fmt + ' ' if fmt else ''}image data "
+                              f"({e})") from None
     return to_rgb(img)
 
 
