@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -273,7 +274,8 @@ void IndexedStore::evict_locked() {
   }
 }
 
-bool IndexedStore::put(const BlockKey& key, const RecordMeta& meta, const uint8_t* data, size_t n) {
+bool IndexedStore::put(const BlockKey& key, const RecordMeta& meta, const uint8_t* data, size_t n,
+                       const BlockKey* parent) {
   {
     std::lock_guard<std::mutex> g(mu_);
     check_open_locked();
@@ -301,8 +303,15 @@ bool IndexedStore::put(const BlockKey& key, const RecordMeta& meta, const uint8_
       return false;
     }
     unindex_locked(key);
-    lru_.push_back(key);
-    index_.emplace(key, Entry{size, next_gen_++, std::prev(lru_.end())});
+    // Just before an indexed parent; first out if the parent is gone (no lookup reaches a block
+    // past a missing one); the most recently used without a parent.
+    std::list<BlockKey>::iterator where = lru_.end();
+    if (parent != nullptr) {
+      const auto up = index_.find(*parent);
+      where = up != index_.end() ? up->second.lru : lru_.begin();
+    }
+    const auto at = lru_.insert(where, key);
+    index_.emplace(key, Entry{size, next_gen_++, at});
     total_bytes_ += size;
     ++stats_.puts;
     stats_.bytes_written += size;
@@ -375,6 +384,27 @@ bool IndexedStore::contains(const BlockKey& key) const {
   std::lock_guard<std::mutex> g(mu_);
   check_open_locked();
   return index_.count(key) != 0;
+}
+
+void IndexedStore::touch(const std::vector<BlockKey>& keys) {
+  std::vector<BlockKey> touched;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    check_open_locked();
+    for (const BlockKey& key : keys) {
+      auto it = index_.find(key);
+      if (it == index_.end()) continue;
+      lru_.splice(lru_.end(), lru_, it->second.lru);
+      touched.push_back(key);
+    }
+  }
+  // Distinct, increasing times (a microsecond apart), so the order survives a reopen even on
+  // file systems whose clock ticks coarsely.
+  const int64_t base = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+  for (size_t i = 0; i < touched.size(); ++i)
+    touch_record(touched[i], base + static_cast<int64_t>(i) * 1000);
 }
 
 bool IndexedStore::erase(const BlockKey& key) {

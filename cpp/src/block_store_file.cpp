@@ -178,6 +178,14 @@ class FileBlockStore final : public IndexedStore {
   }
 
   void remove_record(const BlockKey& key) override { ::unlink(record_path(key).c_str()); }
+  void touch_record(const BlockKey& key, int64_t unix_ns) override {
+    struct timespec times[2];
+    times[0].tv_sec = 0;
+    times[0].tv_nsec = UTIME_OMIT;  // atime unchanged
+    times[1].tv_sec = static_cast<time_t>(unix_ns / 1000000000);
+    times[1].tv_nsec = static_cast<long>(unix_ns % 1000000000);
+    ::utimensat(AT_FDCWD, record_path(key).c_str(), times, 0);  // best effort
+  }
 
   void close_backend() override {
     if (lock_fd_ >= 0) {

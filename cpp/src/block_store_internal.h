@@ -51,13 +51,15 @@ class IndexedStore : public BlockStore {
  public:
   IndexedStore(std::string path, uint64_t max_bytes) : path_(std::move(path)), max_bytes_(max_bytes) {}
 
-  bool put(const BlockKey& key, const RecordMeta& meta, const uint8_t* data, size_t n) override;
+  bool put(const BlockKey& key, const RecordMeta& meta, const uint8_t* data, size_t n,
+           const BlockKey* parent = nullptr) override;
   std::optional<std::vector<uint8_t>> get(const BlockKey& key, const RecordMeta& expected) override;
   bool get_into(const BlockKey& key, const RecordMeta& expected, uint8_t* out, size_t n) override;
   bool contains(const BlockKey& key) const override;
   bool erase(const BlockKey& key) override;
   std::vector<BlockKey> keys() const override;
   void scan(const std::function<void(const BlockKey&, uint64_t)>& fn) const override;
+  void touch(const std::vector<BlockKey>& keys) override;
   StoreStats stats() const override;
   std::string path() const override { return path_; }
   void close() override;
@@ -81,6 +83,13 @@ class IndexedStore : public BlockStore {
   virtual bool read_record(const BlockKey& key, std::vector<uint8_t>* out) = 0;
   // Deletes the record under key from storage; lock held. Best effort.
   virtual void remove_record(const BlockKey& key) = 0;
+  // Records on storage that key was used at unix_ns (nanoseconds since the epoch; the next
+  // open's LRU order); no lock held. Best effort; the default does nothing (recency then lives
+  // in memory only).
+  virtual void touch_record(const BlockKey& key, int64_t unix_ns) {
+    (void)key;
+    (void)unix_ns;
+  }
   // Releases the backend's resources; lock held, called once.
   virtual void close_backend() = 0;
 

@@ -187,18 +187,22 @@ void bind_store(py::module_& m) {
       .def(
           "put",
           [](PyBlockStore& self, const py::bytes& key, const std::string& fingerprint,
-             int32_t block_size, const I32Array& tokens, py::handle payload) {
+             int32_t block_size, const I32Array& tokens, py::handle payload,
+             std::optional<py::bytes> parent) {
             auto s = self.get();
             const BlockKey k = key_from_bytes(key, "key");
             const RecordMeta meta = make_meta(fingerprint, block_size, tokens);
             ByteView view(payload, "payload", false);
+            const std::optional<BlockKey> p =
+                parent ? std::optional<BlockKey>(key_from_bytes(*parent, "parent")) : std::nullopt;
             py::gil_scoped_release nogil;
-            return s->put(k, meta, view.data(), view.size());
+            return s->put(k, meta, view.data(), view.size(), p ? &*p : nullptr);
           },
           py::arg("key"), py::arg("fingerprint"), py::arg("block_size"), py::arg("tokens"),
-          py::arg("payload"),
+          py::arg("payload"), py::arg("parent") = py::none(),
           "Stores the record; True once visible, False on a write failure (disk full, read-only, "
-          "no permission) or a record over max_bytes.")
+          "no permission) or a record over max_bytes. parent: the chain's previous key (the "
+          "record is then evicted before it).")
       .def(
           "get_into",
           [](PyBlockStore& self, const py::bytes& key, const std::string& fingerprint,
@@ -248,6 +252,19 @@ void bind_store(py::module_& m) {
              py::gil_scoped_release nogil;
              return s->contains(k);
            })
+      .def(
+          "touch",
+          [](PyBlockStore& self, const std::vector<py::bytes>& keys) {
+            auto s = self.get();
+            std::vector<BlockKey> ks;
+            ks.reserve(keys.size());
+            for (const auto& k : keys) ks.push_back(key_from_bytes(k, "keys[i]"));
+            py::gil_scoped_release release;
+            s->touch(ks);
+          },
+          py::arg("keys"),
+          "Marks the indexed records among keys as used now, in order (the last is the most "
+          "recently used, evicted last); unknown keys are skipped.")
       .def(
           "erase",
           [](PyBlockStore& self, const py::bytes& key) {

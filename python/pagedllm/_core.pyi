@@ -41,9 +41,10 @@ class BlockStore:
     def __init__(self, path: str, backend: str = "file", max_bytes: int = 0,
                  fsync: bool = False) -> None: ...
     def put(self, key: bytes, fingerprint: str, block_size: int, tokens: IntArray,
-            payload: Any) -> bool:
+            payload: Any, parent: Optional[bytes] = None) -> bool:
         """True once the record is visible; False on a write failure (disk full, EROFS,
-        EACCES) or a record over max_bytes. Never raises for I/O."""
+        EACCES) or a record over max_bytes. Never raises for I/O. parent: the chain's previous
+        block's key (the record is then evicted before it)."""
     def get_into(self, key: bytes, fingerprint: str, block_size: int, tokens: IntArray,
                  out: Any) -> bool:
         """Writes the verified payload into the writable buffer ``out`` (exactly its size).
@@ -55,6 +56,9 @@ class BlockStore:
         """Whether a record is indexed (no disk access; a later get may still miss)."""
     def __contains__(self, key: bytes) -> bool: ...
     def erase(self, key: bytes) -> bool: ...
+    def touch(self, keys: list[bytes]) -> None:
+        """Marks the indexed records among keys as used now, in order (the last is the most
+        recently used, evicted last); unknown keys are skipped."""
     def keys(self) -> list[bytes]: ...
     def __len__(self) -> int: ...
     def stats(self) -> dict[str, Any]:

@@ -246,3 +246,27 @@ def test_shared_prefixes_load_from_disk_without_prefix_caching(engine_model_dir,
     assert s["disk_hit_tokens"] >= 8 * len(prompts), s
     assert s["used_blocks"] == 0 and not again.engine.tier._loads
     again.engine.shutdown()
+
+
+def test_a_tight_cap_keeps_chains_from_their_roots(engine_model_dir, prompts, tmp_path):
+    """Under max_bytes the store must evict a prompt's blocks from the tail: lookups walk from
+    the root and stop at the first missing block. Plain LRU evicted the roots (written and read
+    first) and kept unreachable tails: a restart then hit nothing."""
+    probe = engine(engine_model_dir, tmp_path / "probe")
+    run(probe, prompts[:1])
+    s = probe.kv_cache_stats()
+    record = s["disk_bytes"] // s["disk_records"]
+    probe.engine.shutdown()
+    store = tmp_path / "kv"
+    cap = {"max_bytes": 6 * record + record // 2}
+    long = mixed_prompts(3, seed=5, lo=100, hi=120)  # 12-15 blocks each, the cap holds 6
+    first = engine(engine_model_dir, store, persistence=cap)
+    ref = run(first, long)
+    s = first.kv_cache_stats()
+    assert s["disk_evictions"] > 0 and s["disk_records"] <= 6, s
+    first.engine.shutdown()
+    again = engine(engine_model_dir, store, persistence=cap)
+    assert run(again, long) == ref
+    s = again.kv_cache_stats()
+    assert s["disk_hit_tokens"] >= 4 * 8, s  # the kept records are roots, so they are read
+    again.engine.shutdown()

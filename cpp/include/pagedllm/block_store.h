@@ -119,8 +119,13 @@ class BlockStore {
 
   // Stores (meta, data[0..n)) under key, replacing any record there. True once the record is
   // published (visible to get); false on any write failure or a record over max_bytes (counted
-  // in write_errors); never throws for I/O. May evict least recently used records.
-  virtual bool put(const BlockKey& key, const RecordMeta& meta, const uint8_t* data, size_t n) = 0;
+  // in write_errors); never throws for I/O. May evict least recently used records. `parent`
+  // (optional): the previous block of key's chain; the new record is placed just before it in
+  // the eviction order, so a chain written root first loses its tail, never the root that
+  // lookups start from; with the parent not indexed it is placed first out (no lookup reaches
+  // it). Without a parent it is the most recently used.
+  virtual bool put(const BlockKey& key, const RecordMeta& meta, const uint8_t* data, size_t n,
+                   const BlockKey* parent = nullptr) = 0;
 
   // The payload under key if the record parses, its checksum verifies and its header (format
   // version, key, fingerprint, block_size, tokens) equals `expected`; otherwise nullopt (a
@@ -137,6 +142,12 @@ class BlockStore {
 
   // Deletes the record under key; true if one was indexed.
   virtual bool erase(const BlockKey& key) = 0;
+
+  // Marks the indexed records among keys as used now, in order: the last is the most recently
+  // used, so the size cap evicts it last (a chain touched tail to root loses its tail first,
+  // keeping the prefix that lookups walk from the root). Unknown keys are skipped. Recency on
+  // disk (for the next open) is best effort; never throws for I/O.
+  virtual void touch(const std::vector<BlockKey>& keys) = 0;
 
   // Keys of all indexed records (a snapshot, in no particular order).
   virtual std::vector<BlockKey> keys() const = 0;

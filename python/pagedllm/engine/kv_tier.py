@@ -55,11 +55,14 @@ def prompt_keys(tokens: Sequence[int], block_size: int, extra_key: int) -> List[
 
 
 class _Prefetch:
-    """One request's staged blocks: keys in order, host buffers as they verify."""
+    """One request's staged blocks: keys in order, host buffers as they verify; `ancestors`:
+    the keys of the prompt's blocks before them (touched with them, tail first)."""
 
-    def __init__(self, keys: List[bytes], tokens: List[np.ndarray]):
+    def __init__(self, keys: List[bytes], tokens: List[np.ndarray],
+                 ancestors: Sequence[bytes] = ()):
         self.keys = keys
         self.tokens = tokens
+        self.ancestors = list(ancestors)
         self.buffers: List[np.ndarray] = []
         self.done = False
         self.started = time.monotonic()
@@ -114,6 +117,8 @@ def _read_loop(io: _Io) -> None:
             if not ok:
                 break
             p.buffers.append(buf)
+        if p.buffers:  # tail first: the chain's root ends most recent, evicted last
+            _touch_chain(io, p.ancestors + p.keys[:len(p.buffers)])
         with io.lock:
             io.load_seconds += time.perf_counter() - t0
             io.loaded_blocks += len(p.buffers)
@@ -131,18 +136,38 @@ def _write_loop(io: _Io) -> None:
         if item is None:
             io.writes.task_done()
             return
-        key, tokens, data = item
-        try:
-            ok = io.store.put(key, io.fingerprint, io.block_size, tokens, data)
+        key, tokens, data, parent, chain = item
+        if key is None:  # a touch queued behind the writes (touch_later)
+            _touch_chain(io, chain)
+            io.writes.task_done()
+            continue
+        if parent is not None and not io.store.contains(parent):
+            io.writes.task_done()  # its parent is gone: no lookup would ever reach it
+            continue
+        try:  # evicted before its parent: a capped store keeps chains from the root
+            ok = io.store.put(key, io.fingerprint, io.block_size, tokens, data, parent)
         except Exception as e:  # noqa: BLE001
             ok = False
             io.warn_once(f"writing the persistent KV store failed: {e}")
+        if ok and chain:
+            _touch_chain(io, chain)
         if not ok:
             io.failed_writes += 1
             io.warn_once("a write to the persistent KV store failed (disk full, read-only or "
                          "removed, or a record larger than persistence.max_bytes?); serving "
                          "from memory")
         io.writes.task_done()
+
+
+def _touch_chain(io: _Io, chain: Sequence[bytes]) -> None:
+    """Marks a prompt's blocks (root first in `chain`) used, tail first, so that under
+    max_bytes the store evicts a chain from its tail: lookups walk from the root and stop at
+    the first missing block, so a surviving child of an evicted parent is never read (plain LRU
+    evicted parents first, written and read before their children)."""
+    try:
+        io.store.touch(list(reversed(chain)))
+    except Exception as e:  # noqa: BLE001 - recency is an optimisation
+        io.warn_once(f"updating the persistent KV store's recency failed: {e}")
 
 
 def _close_io(io: _Io, writer: threading.Thread, reader: threading.Thread) -> None:
@@ -222,15 +247,18 @@ class PersistentTier:
             n += 1
         return n
 
-    def prefetch(self, request_id: str, keys: List[bytes], tokens: List[np.ndarray]) -> bool:
-        """Starts reading blocks into host buffers for a request (False: no room staged)."""
+    def prefetch(self, request_id: str, keys: List[bytes], tokens: List[np.ndarray],
+                 ancestors: Sequence[bytes] = ()) -> bool:
+        """Starts reading blocks into host buffers for a request (False: no room staged);
+        `ancestors`: the keys of the prompt's blocks before `keys` (their recency is renewed
+        with the loaded ones)."""
         with self._lock:
             if request_id in self._prefetches:
                 return True
             if self._staged + len(keys) > self.max_staged_blocks:
                 return False
             self._staged += len(keys)
-            p = _Prefetch(list(keys), list(tokens))
+            p = _Prefetch(list(keys), list(tokens), ancestors)
             self._prefetches[request_id] = p
         self._io.reads.put(p)
         return True
@@ -286,13 +314,33 @@ class PersistentTier:
         del self._served[key]  # counted only until it turns hot: the counter stays small
         return not self.store.contains(key)
 
-    def plan_store(self, key: bytes, tokens: np.ndarray) -> bool:
-        """Registers a block to write after the forward; False when it is on disk already."""
+    def plan_store(self, key: bytes, tokens: np.ndarray, parent: Optional[bytes] = None,
+                   chain: Optional[Sequence[bytes]] = None) -> bool:
+        """Registers a block to write after the forward; False when it is on disk already.
+
+        Args:
+            key: the block's key.
+            tokens: its token ids.
+            parent: the previous block's key (None for a prompt's first block): the record is
+                evicted before it, so a capped store loses chains from the tail.
+            chain: the prompt's keys from the root to this block, given with the last block a
+                step writes for a request: once written they are touched tail first.
+        """
         if self.store.contains(key):
+            if chain:
+                self.touch_later(chain)
             return False
         with self._lock:
-            self._meta[key] = np.asarray(tokens, dtype=np.int32)
+            self._meta[key] = (np.asarray(tokens, dtype=np.int32), parent,
+                               list(chain) if chain else None)
         return True
+
+    def touch_later(self, chain: Sequence[bytes]) -> None:
+        """Queues a tail-first touch of a chain of keys behind the pending writes."""
+        try:
+            self._io.writes.put_nowait((None, None, None, None, list(chain)))
+        except queue.Full:
+            pass
 
     # --- the worker's side (the transfer plan's source and sink) -----------------------------
     def load_into(self, key: bytes, block: torch.Tensor) -> None:
@@ -329,12 +377,13 @@ class PersistentTier:
     def store_block(self, block: torch.Tensor, key: bytes) -> None:
         """Queues a copy of a freshly computed block for writing (a transfer plan store)."""
         with self._lock:
-            tokens = self._meta.pop(key, None)
-        if tokens is None:
+            meta = self._meta.pop(key, None)
+        if meta is None:
             return
+        tokens, parent, chain = meta
         data = block.reshape(-1).view(torch.uint8).cpu().numpy().copy()
         try:
-            self._io.writes.put_nowait((key, tokens, data))
+            self._io.writes.put_nowait((key, tokens, data, parent, chain))
         except queue.Full:
             self.dropped_writes += 1
 

@@ -564,8 +564,13 @@ class Scheduler:
                 step.loads.extend((k, int(table[cached // bs + j])) for j, k in enumerate(keys))
             elif self.tier is not None:
                 self.tier.release(req.request_id)
-            if self.tier is not None and cached and self.tier.hot_blocks_threshold > 0:
-                self._store_hot(seq, cached, step)
+            if self.tier is not None and cached:
+                if self.tier.hot_blocks_threshold > 0:
+                    self._store_hot(seq, cached, step)
+                else:  # served from memory: renew the records' recency on disk too
+                    keys_now = self._persistent_keys(req)[:cached // bs]
+                    if keys_now:
+                        self.tier.touch_later(keys_now)
             seq.num_computed_tokens = cached + nd
             if req.cross_images:
                 self.cross.admit(seq)
@@ -627,7 +632,7 @@ class Scheduler:
             return []
         kv = self._prompt_kv(req)
         blocks = [kv[j * bs:(j + 1) * bs] for j in range(first, first + n)]
-        if tier.prefetch(rid, keys[first:first + n], blocks):
+        if tier.prefetch(rid, keys[first:first + n], blocks, ancestors=keys[:first]):
             req.disk_first = first
             return None
         return []
@@ -638,10 +643,12 @@ class Scheduler:
         keys = self._persistent_keys(seq.request)
         table = self.kv.block_table(seq.seq_id)
         bs = self.block_size
-        for j in range(min(cached // bs, len(keys))):
+        last = min(cached // bs, len(keys)) - 1
+        for j in range(last + 1):
             if self.tier.note_served(keys[j]):
                 toks = self._prompt_kv(seq.request)[j * bs:(j + 1) * bs]
-                if self.tier.plan_store(keys[j], toks):
+                if self.tier.plan_store(keys[j], toks, keys[j - 1] if j else None,
+                                        keys[:j + 1] if j == last else None):
                     step.stores.append((int(table[j]), keys[j]))
 
     def _plan_stores(self, entries: List[ScheduledSeq], tables: np.ndarray,
@@ -654,11 +661,13 @@ class Scheduler:
             if e.start >= end:
                 continue
             keys = self._persistent_keys(seq.request)
-            for j in range(e.start // bs, min(end // bs, len(keys))):
+            last = min(end // bs, len(keys)) - 1  # its chain is touched after its write
+            for j in range(e.start // bs, last + 1):
                 if (j + 1) * bs <= e.start:
                     continue
                 toks = self._prompt_kv(seq.request)[j * bs:(j + 1) * bs]
-                if self.tier.plan_store(keys[j], toks):
+                if self.tier.plan_store(keys[j], toks, keys[j - 1] if j else None,
+                                        keys[:j + 1] if j == last else None):
                     step.stores.append((int(tables[i, j]), keys[j]))
 
     def _unblock(self, step: _Step) -> None:
