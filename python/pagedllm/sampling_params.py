@@ -11,23 +11,84 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, List, Optional, Union
 
+import numpy as np
+
 from pagedllm.sparse.options import parse_sparse_attention
 
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing logits by a tinier
 # one overflows float32 and makes the probabilities NaN.
 GREEDY_TEMPERATURE = 1e-5
-# Largest accepted top_k, logprobs and token id (the kernels and torch index with int32/int64).
+# Largest accepted top_k and token id (the kernels and torch index with int32/int64).
 MAX_INT32 = (1 << 31) - 1
 # Seeds are 64-bit signed on the engine side (torch.Generator.manual_seed).
 MAX_SEED = (1 << 63) - 1
+# Most top logprobs per token (logprobs, prompt_logprobs): vLLM's default max_logprobs.
+MAX_LOGPROBS = 20
 
 
 def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+    """Whether x is an integer: int or a numpy integer, never a bool (nor numpy.bool_)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_int_in(x, lo: int, hi: int) -> bool:
+    """Whether x is an integer (as _is_int) in [lo, hi]."""
+    return _is_int(x) and lo <= x <= hi
+
+
+def _is_bool(x) -> bool:
+    """Whether x is True or False (bool or numpy.bool_; not 0, 1, "no", ...)."""
+    return isinstance(x, (bool, np.bool_))
 
 
 def _is_real(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) and math.isfinite(x)
+
+
+def _bad(owner: str, name: str, expected: str, value: Any) -> ValueError:
+    """The ValueError for field `name` of class `owner` whose value is not `expected`."""
+    return ValueError(f"{owner}.{name} must be {expected}, got {value!r}")
+
+
+def _stop_strings(value: Any) -> List[str]:
+    """SamplingParams.stop as a list: None, a non-empty string, or a list / tuple of them.
+
+    Raises:
+        ValueError: for anything else (naming SamplingParams.stop).
+    """
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or any(not isinstance(s, str) or not s for s in items):
+        raise _bad("SamplingParams", "stop", "a non-empty string or a list of non-empty strings",
+                   value)
+    return list(items)
+
+
+def _token_ids(value: Any) -> List[int]:
+    """SamplingParams.stop_token_ids as a list of ints: None, a list / tuple of integers
+    (numpy integers included, bools not), or a 1-D integer numpy array; each in [0, 2^31 - 1].
+
+    Raises:
+        ValueError: for anything else (naming SamplingParams.stop_token_ids).
+    """
+    if value is None:
+        return []
+    if isinstance(value, np.ndarray):
+        ok = value.ndim == 1 and np.issubdtype(value.dtype, np.integer)
+        items = value.tolist() if ok else None
+    else:
+        items = list(value) if isinstance(value, (list, tuple)) else None
+    if items is None or any(not _is_int_in(t, 0, MAX_INT32) for t in items):
+        raise _bad("SamplingParams", "stop_token_ids", f"a list of token ids in [0, {MAX_INT32}]",
+                   value)
+    return [int(t) for t in items]
+
+
+# SamplingParams' integer fields (None allowed where the default is None) and bool fields.
+_INT_FIELDS = ("n", "best_of", "top_k", "seed", "max_tokens", "min_tokens", "logprobs",
+               "prompt_logprobs")
+_BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "detokenize")
 
 
 @dataclass
@@ -47,22 +108,29 @@ class SamplingParams:
             else is running.
         max_tokens: most tokens to generate (None: up to the model's length limit).
         min_tokens: EOS and ``stop_token_ids`` are suppressed until this many were generated.
-        stop: strings that end the completion (not included in the text unless
-            ``include_stop_str_in_output``).
-        stop_token_ids: token ids that end the completion (included in the token ids).
+        stop: a non-empty string or a list / tuple of them that end the completion (not
+            included in the text unless ``include_stop_str_in_output``; needs ``detokenize``).
+        stop_token_ids: token ids that end the completion (included in the token ids): a list
+            / tuple of integers or a 1-D integer numpy array.
         ignore_eos: keep generating after EOS.
         presence_penalty: subtracted from the logits of tokens already generated.
         frequency_penalty: subtracted once per earlier occurrence in the generated tokens.
         repetition_penalty: divides positive (multiplies negative) logits of tokens seen in the
             prompt or the output; 1 = off.
-        logprobs: number of top logprobs returned per generated token, plus the sampled one.
-        prompt_logprobs: number of top logprobs returned per prompt token, plus the actual one.
+        logprobs: number of top logprobs returned per generated token, plus the sampled one
+            (at most MAX_LOGPROBS, 20: vLLM's default max_logprobs).
+        prompt_logprobs: number of top logprobs returned per prompt token, plus the actual one
+            (at most MAX_LOGPROBS).
         include_stop_str_in_output: keep the matched stop string in the text.
         skip_special_tokens: leave special tokens out of the decoded text.
-        detokenize: produce text (False: token ids only).
+        detokenize: produce text (False: token ids only; not with ``stop``).
         sparse_attention: this request's block-sparse decode attention, a mapping with the
             keys of pagedllm.sparse.SparseAttentionConfig ("strategy" required; "dense" turns
             the engine's default off), overriding the engine's default; None: the default.
+
+    Integer fields take ints or numpy integers (stored as int), never bools; the bool fields
+    (ignore_eos, include_stop_str_in_output, skip_special_tokens, detokenize) take only True
+    or False (or numpy.bool_, stored as bool).
     """
 
     n: int = 1
@@ -90,42 +158,40 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.best_of is None:
             self.best_of = self.n
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        stop_ids = list(self.stop_token_ids or [])
-        if any(not _is_int(t) for t in stop_ids):
-            raise ValueError(f"SamplingParams.stop_token_ids must be a list of integers, got "
-                             f"{self.stop_token_ids!r}")
-        self.stop_token_ids = [int(t) for t in stop_ids]
-        if self.top_k == 0:
-            self.top_k = -1
+        self.stop = _stop_strings(self.stop)
+        self.stop_token_ids = _token_ids(self.stop_token_ids)
         self.sparse_attention = parse_sparse_attention(self.sparse_attention,
                                                        "SamplingParams.sparse_attention")
         self._validate()
+        for name in _INT_FIELDS:  # numpy integers become ints
+            if getattr(self, name) is not None:
+                setattr(self, name, int(getattr(self, name)))
+        for name in _BOOL_FIELDS:  # numpy.bool_ becomes bool
+            setattr(self, name, bool(getattr(self, name)))
+        if self.top_k == 0:
+            self.top_k = -1
 
     def _validate(self) -> None:
         def bad(name: str, expected: str) -> ValueError:
-            return ValueError(f"SamplingParams.{name} must be {expected}, got {getattr(self, name)!r}")
+            return _bad("SamplingParams", name, expected, getattr(self, name))
 
-        if not _is_int(self.n) or not 1 <= self.n <= MAX_INT32:
+        if not _is_int_in(self.n, 1, MAX_INT32):
             raise bad("n", "an integer >= 1")
-        if not _is_int(self.best_of) or not self.n <= self.best_of <= MAX_INT32:
+        if not _is_int_in(self.best_of, self.n, MAX_INT32):
             raise bad("best_of", f"an integer >= n ({self.n})")
         if not _is_real(self.temperature) or self.temperature < 0.0:
             raise bad("temperature", "a finite number >= 0")
         if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "in (0, 1]")
-        if not _is_int(self.top_k) or not -1 <= self.top_k <= MAX_INT32:
+        if not _is_int_in(self.top_k, -1, MAX_INT32):
             raise bad("top_k", f"-1, 0 (all tokens) or an integer in [1, {MAX_INT32}]")
         if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "in [0, 1]")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+        if self.seed is not None and not _is_int_in(self.seed, 0, MAX_SEED):
             raise bad("seed", f"an integer in [0, {MAX_SEED}] or None")
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or
-                                            not 1 <= self.max_tokens <= MAX_INT32):
+        if self.max_tokens is not None and not _is_int_in(self.max_tokens, 1, MAX_INT32):
             raise bad("max_tokens", "an integer >= 1 or None")
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= MAX_INT32:
+        if not _is_int_in(self.min_tokens, 0, MAX_INT32):
             raise bad("min_tokens", "an integer >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"<= max_tokens ({self.max_tokens})")
@@ -135,16 +201,19 @@ class SamplingParams:
             raise bad("frequency_penalty", "in [-2, 2]")
         if not _is_real(self.repetition_penalty) or self.repetition_penalty <= 0.0:
             raise bad("repetition_penalty", "a finite number > 0")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or
-                                          not 0 <= self.logprobs <= MAX_INT32):
-            raise bad("logprobs", "an integer >= 0 or None")
-        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs) or
-                                                 not 0 <= self.prompt_logprobs <= MAX_INT32):
-            raise bad("prompt_logprobs", "an integer >= 0 or None")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise bad("stop", "a non-empty string or a list of non-empty strings")
-        if any(not 0 <= t <= MAX_INT32 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", f"a list of token ids in [0, {MAX_INT32}]")
+        if self.logprobs is not None and not _is_int_in(self.logprobs, 0, MAX_LOGPROBS):
+            raise bad("logprobs", f"an integer in [0, {MAX_LOGPROBS}] (max_logprobs) or None")
+        if self.prompt_logprobs is not None and not _is_int_in(self.prompt_logprobs, 0,
+                                                                MAX_LOGPROBS):
+            raise bad("prompt_logprobs",
+                      f"an integer in [0, {MAX_LOGPROBS}] (max_logprobs) or None")
+        for name in _BOOL_FIELDS:
+            if not _is_bool(getattr(self, name)):
+                raise bad(name, "True or False")
+        if self.stop and not self.detokenize:
+            raise ValueError(f"SamplingParams.stop requires SamplingParams.detokenize=True (stop "
+                             f"strings are matched in the text), got stop={self.stop!r} with "
+                             f"detokenize=False")
 
     @property
     def greedy(self) -> bool:
@@ -162,6 +231,9 @@ class BeamSearchParams:
         ignore_eos: keep extending beams past EOS.
         temperature: applied to the logits before the log-softmax that ranks candidates (0 = 1).
         length_penalty: final score = cumulative logprob / (length ** length_penalty).
+
+    Integer fields take ints or numpy integers (stored as int), never bools; ignore_eos takes
+    only True or False (or numpy.bool_).
     """
 
     beam_width: int
@@ -171,13 +243,18 @@ class BeamSearchParams:
     length_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.beam_width, int) or self.beam_width < 1:
-            raise ValueError(f"BeamSearchParams.beam_width must be an integer >= 1, got {self.beam_width!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"BeamSearchParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        def bad(name: str, expected: str) -> ValueError:
+            return _bad("BeamSearchParams", name, expected, getattr(self, name))
+
+        if not _is_int_in(self.beam_width, 1, MAX_INT32):
+            raise bad("beam_width", "an integer >= 1")
+        if not _is_int_in(self.max_tokens, 1, MAX_INT32):
+            raise bad("max_tokens", "an integer >= 1")
+        if not _is_bool(self.ignore_eos):
+            raise bad("ignore_eos", "True or False")
         if not _is_real(self.temperature) or self.temperature < 0.0:
-            raise ValueError(f"BeamSearchParams.temperature must be a finite number >= 0, got "
-                             f"{self.temperature!r}")
+            raise bad("temperature", "a finite number >= 0")
         if not _is_real(self.length_penalty):
-            raise ValueError(f"BeamSearchParams.length_penalty must be a finite number, got "
-                             f"{self.length_penalty!r}")
+            raise bad("length_penalty", "a finite number")
+        self.beam_width, self.max_tokens = int(self.beam_width), int(self.max_tokens)
+        self.ignore_eos = bool(self.ignore_eos)

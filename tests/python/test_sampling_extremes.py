@@ -31,6 +31,7 @@ def target(row, prompt, output, **params):
     ("frequency_penalty", float("-inf")), ("repetition_penalty", float("inf")),
     ("repetition_penalty", 0.0), ("repetition_penalty", float("nan")),
     ("logprobs", -1), ("logprobs", 2 ** 63), ("prompt_logprobs", -1),
+    ("logprobs", 21), ("prompt_logprobs", 10 ** 6),
     ("stop_token_ids", [2 ** 63]), ("stop_token_ids", [-1]), ("stop_token_ids", ["1"]),
 ])
 def test_out_of_range_values_raise_value_error_naming_the_field(field, value):

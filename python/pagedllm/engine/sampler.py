@@ -171,26 +171,9 @@ class Sampler:
         return x
 
     def _random(self, x: torch.Tensor, targets: List[SampleTarget]) -> torch.Tensor:
-        """Temperature, top-k, top-p, min-p, then the exponential race. x: [R, vocab]."""
-        temps = torch.as_tensor([t.params.temperature for t in targets], dtype=x.dtype)
-        x = x / temps.unsqueeze(1)
-        top_k = [t.params.top_k for t in targets]
-        top_p = [t.params.top_p for t in targets]
-        min_p = [t.params.min_p for t in targets]
-        if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
-            vocab = x.shape[1]
-            sorted_x, order = torch.sort(x, dim=-1, descending=True)          # [R, vocab]
-            k = torch.as_tensor([k if k > 0 else vocab for k in top_k]).unsqueeze(1)
-            drop = torch.arange(vocab).unsqueeze(0) >= k                        # beyond top-k
-            probs = torch.softmax(sorted_x.masked_fill(drop, float("-inf")), dim=-1)
-            before = torch.cumsum(probs, dim=-1) - probs                       # mass above
-            drop |= before >= torch.as_tensor(top_p, dtype=x.dtype).unsqueeze(1)
-            drop[:, 0] = False                                                  # keep the best
-            x = x.scatter(1, order, sorted_x.masked_fill(drop, float("-inf")))
-        probs = torch.softmax(x, dim=-1)                                        # [R, vocab]
-        if any(p > 0.0 for p in min_p):
-            floor = torch.as_tensor(min_p, dtype=x.dtype).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
-            probs = torch.where(probs < floor, torch.zeros_like(probs), probs)
+        """The exponential race over _probs: each row's argmax of p / q, q ~ Exp(1) from the
+        row's own generator when seeded, else the shared one. x: [R, vocab]; returns [R]."""
+        probs = self._probs(x, targets)                                         # [R, vocab]
         q = torch.empty_like(probs)
         shared = [i for i, t in enumerate(targets) if t.seq.generator is None]
         if shared:
@@ -201,6 +184,43 @@ class Sampler:
             if t.seq.generator is not None:
                 q[i].exponential_(generator=t.seq.generator)
         return (probs / q).argmax(dim=-1)
+
+    @staticmethod
+    def _probs(x: torch.Tensor, targets: List[SampleTarget]) -> torch.Tensor:
+        """The distribution each row draws from: temperature, then top-k (rows with top_k > 0
+        only), top-p (rows with top_p < 1 only: on a top_p = 1 row the float32 cumulative sum
+        can reach 1 before the row's tail and drop those tokens), then min-p. A row's result
+        does not depend on the other rows of the batch.
+
+        Args:
+            x: float32 [R, vocab] logits, finite or -inf, one row per target.
+            targets: the R targets (their temperature, top_k, top_p and min_p).
+        Returns:
+            float32 [R, vocab] probabilities (rows sum to 1 before min-p zeroes entries).
+        """
+        temps = torch.as_tensor([t.params.temperature for t in targets], dtype=x.dtype)
+        x = x / temps.unsqueeze(1)
+        top_k = [t.params.top_k for t in targets]
+        top_p = [t.params.top_p for t in targets]
+        min_p = [t.params.min_p for t in targets]
+        use_p = [p < 1.0 for p in top_p]
+        if any(k > 0 for k in top_k) or any(use_p):
+            vocab = x.shape[1]
+            sorted_x, order = torch.sort(x, dim=-1, descending=True)          # [R, vocab]
+            k = torch.as_tensor([k if k > 0 else vocab for k in top_k]).unsqueeze(1)
+            drop = torch.arange(vocab).unsqueeze(0) >= k                        # beyond top-k
+            if any(use_p):
+                probs = torch.softmax(sorted_x.masked_fill(drop, float("-inf")), dim=-1)
+                before = torch.cumsum(probs, dim=-1) - probs                   # mass above
+                p = torch.as_tensor(top_p, dtype=x.dtype).unsqueeze(1)
+                drop |= (before >= p) & torch.as_tensor(use_p).unsqueeze(1)   # top_p < 1 rows
+            drop[:, 0] = False                                                  # keep the best
+            x = x.scatter(1, order, sorted_x.masked_fill(drop, float("-inf")))
+        probs = torch.softmax(x, dim=-1)                                        # [R, vocab]
+        if any(p > 0.0 for p in min_p):
+            floor = torch.as_tensor(min_p, dtype=x.dtype).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+            probs = torch.where(probs < floor, torch.zeros_like(probs), probs)
+        return probs
 
 
 def _greedy_tokens(raw: torch.Tensor) -> Optional[List[int]]:
