@@ -306,3 +306,28 @@ def test_cors_preflight_and_response_headers():
             r = c.options("/v1/completions", headers={
                 "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
             assert r.headers.get("access-control-allow-origin") != "https://evil.example"
+
+
+def test_large_prompts_are_tokenized_off_the_event_loop(client):
+    """A long prompt is tokenized (a chat rendered) on a worker thread, so the loop keeps
+    serving /health and the streams meanwhile; the result is the same as inline."""
+    import asyncio
+    import threading
+
+    from pagedllm.server.state import OFF_LOOP_CHARS, off_loop_if_large
+
+    async def where(size):
+        loop_thread = threading.get_ident()
+        ran = await off_loop_if_large(size, threading.get_ident)
+        return ran != loop_thread
+
+    assert asyncio.run(where(OFF_LOOP_CHARS)) is True
+    assert asyncio.run(where(OFF_LOOP_CHARS - 1)) is False
+    # End to end: a prompt over the threshold (truncated to the model's length) still runs.
+    big = "ab" * OFF_LOOP_CHARS
+    for route, body in (("/v1/completions", {"prompt": big}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user",
+                                                                "content": big}]})):
+        r = client.post(route, json={**body, "max_tokens": 2, "truncate_prompt_tokens": 100})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == 100

@@ -26,7 +26,7 @@ from pagedllm.server.responses import (ChatChoice, ChatCompletionChunk, ChatComp
                                        ChatResponseMessage, ChatStreamChoice, DeltaMessage,
                                        UsageInfo)
 from pagedllm.server.sse import DONE_EVENT, sse_event, sse_response
-from pagedllm.server.state import ServerState, new_id
+from pagedllm.server.state import ServerState, new_id, off_loop_if_large
 
 
 def render_chat(state: ServerState, messages: List[ChatMessage],
@@ -110,9 +110,10 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     if req.stream and req.prompt_logprobs is not None:
         raise bad_request("prompt_logprobs is not available when streaming", "prompt_logprobs")
-    prompt = render_chat(state, req.messages, req.add_generation_prompt,
-                         req.continue_final_message, req.add_special_tokens,
-                         req.chat_template_kwargs)
+    chars = sum(len(str(m.content or "")) for m in req.messages)
+    prompt = await off_loop_if_large(chars, render_chat, state, req.messages,
+                                     req.add_generation_prompt, req.continue_final_message,
+                                     req.add_special_tokens, req.chat_template_kwargs)
     kept = truncate(prompt.token_ids, req.truncate_prompt_tokens, state.max_model_len)
     if len(kept) != len(prompt.token_ids):
         prompt = Prompt(None, kept, prompt.images)

@@ -28,7 +28,7 @@ from pagedllm.server.logprobs import completion_logprobs, concat, prompt_logprob
 from pagedllm.server.protocol import CompletionRequest, is_token_prompt
 from pagedllm.server.responses import CompletionChoice, CompletionResponse, UsageInfo
 from pagedllm.server.sse import DONE_EVENT, sse_event, sse_response
-from pagedllm.server.state import ServerState, new_id
+from pagedllm.server.state import ServerState, new_id, off_loop_if_large
 from pagedllm.streaming import ChoiceTracker, holdback_for
 
 
@@ -80,7 +80,9 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
     state.check_model(req.model)
     stops = req.stop_list()
     _check(req)
-    prompts = _prompts(state, req)
+    text = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    chars = sum(len(p) for p in text if isinstance(p, str)) if isinstance(text, list) else 0
+    prompts = await off_loop_if_large(chars, _prompts, state, req)
     longest = max(len(p.token_ids) for p in prompts)
     score_only = req.max_tokens == 0
     max_tokens = 1 if score_only else state.max_tokens(req.max_tokens, longest, prompt_param="prompt")
