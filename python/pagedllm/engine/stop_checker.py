@@ -56,6 +56,11 @@ class StopChecker:
         n_out = seq.num_output_tokens
         if n_out >= params.min_tokens:
             if not params.ignore_eos and token in self.eos_token_ids:
+                # The EOS token's text (shown with skip_special_tokens=False) is not part of
+                # the completion unless include_stop_str_in_output, as in vLLM.
+                if delta and not params.include_stop_str_in_output \
+                        and seq.output_text.endswith(delta):
+                    seq.output_text = seq.output_text[:-len(delta)]
                 return "stop"
             if token in params.stop_token_ids:
                 seq.stop_reason = token
