@@ -226,3 +226,17 @@ def _wait(cond, timeout=10.0):
     while not cond():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize("content,headers,message", [
+    (b'{"prompt": "x"}', {}, "not read as JSON: send a JSON object with the header "
+                             "'Content-Type: application/json'"),
+    (b"", {"content-type": "application/json"}, "the request body is empty"),
+    (b"\xff\xfe", {"content-type": "application/json"}, "the body is not valid JSON"),
+    (b"[1, 2]", {"content-type": "application/json"}, "must be a JSON object, got a JSON array"),
+    (b'"hi"', {"content-type": "application/json"}, "must be a JSON object, got a JSON string"),
+])
+def test_a_body_that_is_not_a_json_object_says_what_to_send(client, content, headers, message):
+    r = client.post("/v1/completions", content=content, headers=headers)
+    assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+    assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200

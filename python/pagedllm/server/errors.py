@@ -69,6 +69,8 @@ def bad_request(message: str, param: Optional[str] = None) -> OpenAIError:
     return OpenAIError(400, message, param)
 
 
+_JSON_KINDS = {"list": "array", "str": "string", "int": "number", "float": "number",
+               "bool": "boolean", "NoneType": "null"}
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "constrained-int",
               "constrained-float", "constrained-str"}
 
@@ -85,19 +87,37 @@ def _is_type_error(error: dict) -> bool:
     return kind.endswith("_type") or kind.endswith("_parsing") or kind == "missing"
 
 
-def validation_error(exc: RequestValidationError) -> OpenAIError:
+def validation_error(exc: RequestValidationError,
+                     content_type: Optional[str] = None) -> OpenAIError:
     """A 400 naming the invalid field of a request body.
 
     When a field accepts several types (``prompt``: text, texts, token ids, ...), the error that
     says what is wrong with a value of the right type (a token id out of range) wins over the
-    ones that only say another type was expected.
+    ones that only say another type was expected. A body that is missing, not JSON or not a
+    JSON object is said so (with the Content-Type to send when that was the cause).
+
+    Args:
+        exc: the validation error.
+        content_type: the request's Content-Type header (None: unknown).
     """
     errors = exc.errors()
     if not errors:
         return bad_request("invalid request body")
     if any(e.get("type") == "json_invalid" for e in errors):
         first = next(e for e in errors if e.get("type") == "json_invalid")
-        return bad_request(f"the body is not valid JSON ({first.get('msg', '')})")
+        return bad_request(f"the body is not valid JSON ({first.get('msg', '')}; send a UTF-8 "
+                           f"JSON object)")
+    whole = [e for e in errors if tuple(e.get("loc", ())) == ("body",)]
+    if whole:
+        is_json = content_type is not None and "json" in content_type.lower()
+        if not is_json:
+            return bad_request("the body was not read as JSON: send a JSON object with the "
+                               "header 'Content-Type: application/json'")
+        if whole[0].get("type") == "missing":
+            return bad_request("the request body is empty: send a JSON object")
+        got = type(whole[0].get("input")).__name__
+        return bad_request(f"the body must be a JSON object, got a JSON "
+                           f"{_JSON_KINDS.get(got, got)}")
     first = min(errors, key=_is_type_error)  # min keeps the first of equals
     loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_union_tag(p)]
     param = ".".join(loc) or None
@@ -115,8 +135,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return validation_error(exc).response()
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error(exc, request.headers.get("content-type")).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
