@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import List, Optional, Sequence as Seq, Union
+from typing import Any, Dict, List, Optional, Sequence as Seq, Union
 
 from pagedllm.config import EngineConfig
 from pagedllm.engine.llm_engine import LLMEngine, PromptType, without_request_id
@@ -76,6 +76,7 @@ class LLM:
         self.engine = LLMEngine(config)
         self.engine.stream_outputs = False  # generate() only needs finished requests
         self._request_counter = itertools.count()
+        self._chat_template = None  # the checkpoint's, loaded by the first chat()
         if any(v is not None for v in profiling.values()):
             try:
                 self.start_trace(profiling["trace"], layers=bool(profiling["layers"]),
@@ -148,6 +149,50 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [done[rid] for rid in ids]
+
+    def chat(self, messages: Any,
+             sampling_params: Union[SamplingParams, Seq[SamplingParams], None] = None,
+             use_tqdm: bool = True, chat_template: Optional[str] = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             chat_template_kwargs: Optional[Dict[str, Any]] = None) -> List[RequestOutput]:
+        """Generates the next message of each conversation (vLLM's LLM.chat): each is rendered
+        with the chat template (the checkpoint's tokenizer_config.json one, as the server
+        uses), tokenized (bos added unless the template wrote it), then generated as
+        generate() does.
+
+        Args:
+            messages: a conversation, [{"role": ..., "content": ...}, ...] (content: text, or
+                a list of {"type": "text", "text": ...} parts), or a list of conversations.
+            sampling_params: as for generate().
+            use_tqdm: show a progress bar.
+            chat_template: a Jinja2 template that replaces the checkpoint's.
+            add_generation_prompt: end with the header of the assistant's turn.
+            continue_final_message: leave the last message open for the model to continue
+                (then add_generation_prompt must be False).
+            chat_template_kwargs: more template variables (e.g. ``enable_thinking``).
+        Returns:
+            One finished RequestOutput per conversation, in order; its ``prompt`` is the
+            rendered text.
+        Raises:
+            ValueError: a malformed message or template, no tokenizer, or as generate().
+        """
+        from pagedllm.chat import chat_prompts, conversations
+        from pagedllm.chat_template import ChatTemplate
+
+        tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError(f"the model at {self.engine.model_path} has no tokenizer.json, so "
+                             "chat() cannot render text: use generate() with token ids")
+        if self._chat_template is None:
+            self._chat_template = ChatTemplate.for_model(self.engine.model_path)
+        template = self._chat_template
+        if chat_template is not None:  # the checkpoint's bos / eos texts still apply
+            template = ChatTemplate(chat_template, template.bos_token, template.eos_token,
+                                    "LLM.chat(chat_template=...)")
+        prompts = chat_prompts(conversations(messages), template, tokenizer,
+                               add_generation_prompt, continue_final_message,
+                               chat_template_kwargs)
+        return self.generate(prompts, sampling_params, use_tqdm)
 
     def beam_search(self, prompts: Union[PromptType, Seq[PromptType]], params: BeamSearchParams,
                     use_tqdm: bool = False) -> List[BeamSearchOutput]:

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pagedllm.metrics import EngineMetrics
 from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
-from pagedllm.server.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTemplate, ChatTemplateError
+from pagedllm.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTemplate, ChatTemplateError
 from pagedllm.server.errors import OpenAIError
 from pagedllm.server.logprobs import (MIN_LOGPROB, chat_logprobs, completion_logprobs,
                                        echo_logprobs)

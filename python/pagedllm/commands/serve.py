@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     sock = bind_socket(args.host, args.port)
     from pagedllm.server.app import create_app
-    from pagedllm.server.chat_template import ChatTemplateError
+    from pagedllm.chat_template import ChatTemplateError
 
     engine = build_engine(config)
     start_trace(engine, args)

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from pagedllm.outputs import RequestOutput
 from pagedllm.server.chat_images import chat_images, expanded_len
-from pagedllm.server.chat_template import ChatTemplateError
+from pagedllm.chat_template import ChatTemplateError, open_final_message
 from pagedllm.streaming import ChoiceTracker, holdback_for
 from pagedllm.server.errors import OpenAIError, bad_request
 from pagedllm.server.cache_salt import request_cache_key
@@ -74,20 +74,13 @@ def render_chat(state: ServerState, messages: List[ChatMessage],
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
     if continue_final_message:
-        text = _open_final_message(text, dicts[-1]["content"], len(dicts) - 1)
+        try:
+            text = open_final_message(text, dicts[-1]["content"], len(dicts) - 1)
+        except ChatTemplateError as e:
+            raise bad_request(str(e), "continue_final_message") from None
     add_special = (not state.chat_template.starts_with_bos(text) if add_special_tokens is None
                    else add_special_tokens)
     return Prompt(text, state.encode(text, add_special_tokens=add_special), tuple(images))
-
-
-def _open_final_message(text: str, content: str, index: int) -> str:
-    """`text` cut right after the final message's content (as transformers does)."""
-    at = text.rfind(content.strip()) if content.strip() else -1
-    if at < 0:
-        raise bad_request(f"continue_final_message: the final message (messages[{index}]) "
-                          "must have non-empty text that the chat template writes out",
-                          "continue_final_message")
-    return text[:at + len(content.strip())]
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, raw: Request,

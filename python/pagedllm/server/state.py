@@ -11,7 +11,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
 from pagedllm.engine.async_engine import AsyncLLMEngine
 from pagedllm.metrics import EngineMetrics
-from pagedllm.server.chat_template import ChatTemplate
+from pagedllm.chat_template import ChatTemplate
 from pagedllm.server.errors import OpenAIError, bad_request
 
 

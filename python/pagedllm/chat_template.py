@@ -1,6 +1,7 @@
 """Chat templates: render a conversation into the prompt text a model was trained on.
 
-The template comes from, in order: a file given to the server (``--chat-template``), the
+Shared by the server (/v1/chat/completions) and ``LLM.chat``. The template comes from, in
+order: a file given to the server (``--chat-template``) or to ``LLM.chat``, the
 ``chat_template`` field of the checkpoint's tokenizer_config.json (a string, or a list of
 {"name", "template"} of which "default" is used), or DEFAULT_CHAT_TEMPLATE. Templates are
 Jinja2, rendered as transformers renders them: a sandboxed environment with trim_blocks and
@@ -149,3 +150,23 @@ def _read_tokenizer_config(model_dir: Optional[str]) -> Dict[str, Any]:
     except (OSError, ValueError) as e:
         raise ChatTemplateError(f"{path}: cannot be read as JSON ({e})") from None
     return data if isinstance(data, dict) else {}
+
+
+def open_final_message(text: str, content: str, index: int) -> str:
+    """`text` cut right after the final message's content (as transformers does for
+    continue_final_message), so the model continues that message.
+
+    Args:
+        text: the rendered conversation.
+        content: the final message's text.
+        index: its position in the conversation (for the error).
+    Returns:
+        The text up to and including the final message's (stripped) content.
+    Raises:
+        ChatTemplateError: the final message is empty or the template did not write it out.
+    """
+    at = text.rfind(content.strip()) if content.strip() else -1
+    if at < 0:
+        raise ChatTemplateError(f"continue_final_message: the final message (messages[{index}]) "
+                                "must have non-empty text that the chat template writes out")
+    return text[:at + len(content.strip())]
