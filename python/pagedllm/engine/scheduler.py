@@ -472,7 +472,12 @@ class Scheduler:
             need = computed - cached + n_new
             if fit < need:
                 break
-            # Sparse-decoded K/V come back from the host: keep them out of the prefix cache.
+            # Sparse-decoded K/V come back from the host, or this step decodes sparsely: keep
+            # them out of the prefix cache.
+            if (not seq.sparse_kv and n_new == 1 and computed >= seq.num_prompt_tokens
+                    and self.kv.enable_prefix_caching
+                    and self.sparse.reads_fewer(req.params, seq.num_tokens)):
+                seq.sparse_kv = True
             res = self.kv.admit(seq.seq_id, tokens, hashes, req.extra_key, computed, need,
                                 cache_new_blocks=not seq.sparse_kv)
             assert res is not None and res[0] == cached, "query_admission promised room"
