@@ -2,6 +2,10 @@
 
 import sys
 
-from pagedllm.cli import main
+try:
+    from pagedllm.cli import main
+except KeyboardInterrupt:  # Ctrl-C at once: the same one line as later
+    print("pagedllm: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

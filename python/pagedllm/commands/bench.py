@@ -22,16 +22,16 @@ import sys
 import time
 from typing import Dict, List
 
+from pagedllm.commands import HELPS
 from pagedllm.commands.bench_workload import (BenchRequest, assign_arrivals, from_file,
                                               percentiles, synthetic)
-from pagedllm.commands.stats_file import add_stats_file_arg, open_stats_file
-from pagedllm.engine.llm_engine import without_request_id
-from pagedllm.commands.common import (UsageError, add_engine_args, add_trace_arg, build_engine,
-                                      engine_config, positive_int, report_trace,
-                                      start_trace)
+from pagedllm.commands.common import (CliError, UsageError, add_engine_args, add_trace_arg,
+                                      build_engine, check_output_file, end_run, engine_config,
+                                      make_sampling_params, positive_int, start_trace)
+from pagedllm.commands.stats_file import add_stats_file_arg, check_stats_file, open_stats_file
 
 NAME = "bench"
-HELP = "benchmark throughput and latency on a workload"
+HELP = HELPS[NAME]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,60 +61,80 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check_workload_flags(args) -> None:
-    """Raises UsageError on a bad workload flag (before the model is loaded)."""
+    """Raises UsageError on a bad workload or sampling flag (before the model is loaded)."""
     for flag in ("input_len_spread", "output_len_spread"):
-        if getattr(args, flag) < 0:
-            raise UsageError(f"--{flag.replace('_', '-')} must be >= 0")
+        value = getattr(args, flag)
+        if not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"--{flag.replace('_', '-')} must be a finite number >= 0, got "
+                             f"{value} (0: all lengths equal)")
     if not args.request_rate > 0:
-        raise UsageError(f"--request-rate must be > 0, got {args.request_rate}")
+        raise UsageError(f"--request-rate must be > 0, got {args.request_rate} (leave it out to "
+                         "send every request at once)")
+    make_sampling_params(dict(temperature=args.temperature, max_tokens=args.output_len,
+                              ignore_eos=args.ignore_eos), {"--max-tokens": "--output-len"})
 
 
 def _workload(args, engine) -> List[BenchRequest]:
-    if args.file:
-        reqs = from_file(args.file, args.output_len)
-    else:
-        vocab = engine.model_config.vocab_size
-        avoid = set(engine.eos_token_ids)
-        if engine.tokenizer is not None and engine.tokenizer.bos_token_id is not None:
-            avoid.add(engine.tokenizer.bos_token_id)
-        reqs = synthetic(args.num_prompts, args.input_len, args.output_len, args.input_len_spread,
-                         args.output_len_spread, vocab, avoid, engine.config.seed)
-    assign_arrivals(reqs, args.request_rate, engine.config.seed)
-    return reqs
+    vocab = engine.model_config.vocab_size
+    avoid = set(engine.eos_token_ids)
+    if engine.tokenizer is not None and engine.tokenizer.bos_token_id is not None:
+        avoid.add(engine.tokenizer.bos_token_id)
+    return synthetic(args.num_prompts, args.input_len, args.output_len, args.input_len_spread,
+                     args.output_len_spread, vocab, avoid, engine.config.seed)
+
+
+def _request_error(args, index: int, request: BenchRequest, message: str) -> UsageError:
+    """The usage error of a request the engine refused: a line of --file names that line."""
+    from pagedllm.engine.llm_engine import without_request_id
+
+    message = without_request_id(message)
+    if request.line is None:
+        return UsageError(f"request {index}: {message} (lower --input-len / --output-len or "
+                          "raise --max-model-len / --kv-cache-memory)")
+    too_long = "max_model_len" in message or "KV" in message
+    fix = ("shorten that request, or raise --max-model-len / --kv-cache-memory" if too_long
+           else "fix that line of --file")
+    return UsageError(f"{args.file}:{request.line}: {message} ({fix})")
 
 
 def run(args: argparse.Namespace) -> int:
     config = engine_config(args)
     _check_workload_flags(args)
+    check_output_file(args.json, "--json")
+    check_stats_file(args)
+    file_requests = from_file(args.file, args.output_len) if args.file else None
     from tqdm.auto import tqdm
 
     from pagedllm.sampling_params import SamplingParams
 
     engine = build_engine(config)
-    reqs = _workload(args, engine)
+    reqs = file_requests or _workload(args, engine)
+    assign_arrivals(reqs, args.request_rate, engine.config.seed)
     start_trace(engine, args)
-    stats = open_stats_file(engine, args)
+    stats = None
     samples: List[tuple] = []
     engine.on_step = lambda s: samples.append((s["used_blocks"] / max(1, s["num_blocks"]),
                                                s["utilization"]))
     finished: Dict[str, object] = {}
+    unfinished = set()
     bar = tqdm(total=len(reqs), desc="bench", unit="req", disable=True if args.no_progress else None,
                file=sys.stderr, dynamic_ncols=True)
     start = time.monotonic()
     nxt = 0
     try:
+        stats = open_stats_file(engine, args)
         while nxt < len(reqs) or engine.has_unfinished_requests():
             now = time.monotonic() - start
             while nxt < len(reqs) and reqs[nxt].arrival <= now:
                 r = reqs[nxt]
-                params = SamplingParams(temperature=args.temperature, max_tokens=r.max_tokens,
-                                        ignore_eos=args.ignore_eos)
                 try:
-                    engine.add_request(f"bench-{nxt}", r.prompt, params,
-                                       arrival_time=start + r.arrival)
+                    params = SamplingParams(temperature=args.temperature, max_tokens=r.max_tokens,
+                                            ignore_eos=args.ignore_eos)
+                    rid = engine.add_request(f"bench-{nxt}", r.prompt, params,
+                                             arrival_time=start + r.arrival)
                 except ValueError as e:
-                    raise UsageError(f"request {nxt}: {without_request_id(str(e))} (lower --input-len / --output-len or "
-                                     "raise --max-model-len / --kv-cache-memory)") from None
+                    raise _request_error(args, nxt, r, str(e)) from None
+                unfinished.add(rid)
                 nxt += 1
             if not engine.has_unfinished_requests():
                 time.sleep(max(0.0, reqs[nxt].arrival - (time.monotonic() - start)))
@@ -123,16 +143,14 @@ def run(args: argparse.Namespace) -> int:
             for out in outs:
                 if out.finished:
                     finished[out.request_id] = out
+                    unfinished.discard(out.request_id)
                     bar.update(1)
             if stats is not None:
                 stats.after_step(outs)
     finally:
         bar.close()
-        traces = engine.stop_trace()
-        if stats is not None:
-            stats.write()
+        end_run(engine, stats, unfinished)  # also on an error or Ctrl-C
     duration = time.monotonic() - start
-    report_trace(traces)
     results = summarize(list(finished.values()), duration, samples, engine.kv_cache_stats())
     results["workload"] = {
         "source": args.file or "synthetic", "num_prompts": len(reqs),
@@ -145,8 +163,11 @@ def run(args: argparse.Namespace) -> int:
     results["engine"]["model"] = engine.model_path
     print(format_results(results))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
+        try:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(results, f, indent=2)
+        except OSError as e:
+            raise CliError(f"cannot write {args.json!r}: {e.strerror} (check --json)") from None
     return 0
 
 

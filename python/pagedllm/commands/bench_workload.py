@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Sequence, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
-from pagedllm.commands.common import UsageError
+from pagedllm.commands.common import UsageError, read_lines
 
 
 @dataclass
@@ -20,11 +20,13 @@ class BenchRequest:
         prompt: text, or {"prompt_token_ids": [...]}.
         max_tokens: tokens to generate.
         arrival: seconds after the start at which it is submitted.
+        line: its line in the --file workload (None: synthetic).
     """
 
     prompt: Union[str, Dict]
     max_tokens: int
     arrival: float = 0.0
+    line: Optional[int] = None
 
 
 def _lengths(rng: np.random.Generator, num: int, median: int, spread: float) -> np.ndarray:
@@ -59,10 +61,15 @@ def synthetic(num_prompts: int, input_len: int, output_len: int, input_spread: f
 
 
 def from_file(path: str, default_max_tokens: int) -> List[BenchRequest]:
-    """Requests from JSON Lines: {"prompt": text or [token ids], "max_tokens": N (optional)}."""
+    """Requests from JSON Lines: {"prompt": text or [token ids], "max_tokens": N (optional)};
+    the prompt may also be {"prompt_token_ids": [token ids]}.
+
+    Raises:
+        UsageError: an unreadable file, or a line of another form (names the file and line).
+    """
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.readlines()
+        with open(path, "rb") as f:
+            lines = read_lines(f, f"workload file {path!r}")
     except OSError as e:
         raise UsageError(f"cannot read workload file {path!r}: {e.strerror} (check --file)") from None
     out = []
@@ -73,18 +80,45 @@ def from_file(path: str, default_max_tokens: int) -> List[BenchRequest]:
             rec = json.loads(line)
         except ValueError:
             rec = None
-        prompt = rec.get("prompt") if isinstance(rec, dict) else None
-        max_tokens = rec.get("max_tokens", default_max_tokens) if isinstance(rec, dict) else None
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            prompt = {"prompt_token_ids": prompt}
-        if not (isinstance(prompt, (str, dict)) and prompt) or not (
-                isinstance(max_tokens, int) and max_tokens >= 1):
-            raise UsageError(f"{path}:{n}: expected {{\"prompt\": text or token ids, "
-                             f"\"max_tokens\": N >= 1 (optional)}}")
-        out.append(BenchRequest(prompt, max_tokens))
+        if not isinstance(rec, dict):
+            raise UsageError(f"{path}:{n}: expected a JSON object {{\"prompt\": text or token "
+                             f"ids, \"max_tokens\": N (optional)}} (fix that line of --file)")
+        prompt = _prompt(rec.get("prompt"))
+        if prompt is None:
+            raise UsageError(f"{path}:{n}: \"prompt\" must be non-empty text, a list of token ids "
+                             f"(integers >= 0) or {{\"prompt_token_ids\": [...]}}, got "
+                             f"{_shown(rec['prompt']) if 'prompt' in rec else 'none'} (fix "
+                             f"that line of --file)")
+        max_tokens = rec.get("max_tokens", default_max_tokens)
+        if not (_is_int(max_tokens) and max_tokens >= 1):
+            raise UsageError(f"{path}:{n}: \"max_tokens\" must be an integer >= 1, got "
+                             f"{_shown(max_tokens)} (fix that line of --file)")
+        out.append(BenchRequest(prompt, max_tokens, line=n))
     if not out:
-        raise UsageError(f"{path}: no requests in the file")
+        raise UsageError(f"{path}: no requests in the file (check --file)")
     return out
+
+
+def _prompt(value) -> Union[str, Dict, None]:
+    """A workload line's prompt as BenchRequest takes it (None: not a valid prompt)."""
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, dict) and set(value) == {"prompt_token_ids"}:
+        value = value["prompt_token_ids"]
+    if isinstance(value, list) and value and all(_is_int(t) and t >= 0 for t in value):
+        return {"prompt_token_ids": value}
+    return None
+
+
+def _shown(value) -> str:
+    """A JSON value as the file spells it, cut short."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_int(value) -> bool:
+    """An integer, not a bool (JSON's true is not 1 here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def assign_arrivals(requests: List[BenchRequest], rate: float, seed: int) -> None:

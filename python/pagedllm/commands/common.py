@@ -4,33 +4,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import os
 import re
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from pagedllm.config import (CHECK_NUMERICS, EXECUTOR_BACKENDS, KV_CACHE_DTYPES, MODEL_DTYPES,
                              PREEMPTION_MODES, EngineConfig)
+from pagedllm.commands.errors import CliError, UsageError  # noqa: F401 (re-exported)
+from pagedllm.sparse.cli_args import FLAGS as SPARSE_FLAGS
 from pagedllm.sparse.cli_args import FLAG_OF_KEY, add_sparse_args, apply_sparse_args
-
-
-class CliError(Exception):
-    """An error shown as one line, ``pagedllm: error: <message>``.
-
-    Args:
-        message: what is wrong and, in parentheses, what to do.
-        exit_code: 2 for a usage error (bad flag, bad config), 1 for a failure while running.
-    """
-
-    def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class UsageError(CliError):
-    """A bad flag, argument or config file (exit code 2)."""
-
-    def __init__(self, message: str):
-        super().__init__(message, 2)
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -243,6 +227,75 @@ def report_trace(paths) -> None:
         print(f"trace of the engine's steps written to {path}", file=sys.stderr)
 
 
+def end_run(engine, stats, unfinished) -> None:
+    """Ends a generate / bench run, also one that failed or was interrupted (Ctrl-C): aborts
+    the requests still unfinished (counted as aborted in the stats file), writes the stats file
+    a last time, ends the step trace and says where it went.
+
+    Args:
+        engine: the LLMEngine of the run.
+        stats: its StatsFileWriter, or None.
+        unfinished: ids of the requests added and not finished.
+    """
+    if unfinished:
+        try:
+            engine.abort_request(list(unfinished))
+        except Exception:  # noqa: BLE001 - an engine broken mid-step: the figures still go out
+            logging.getLogger(__name__).debug("aborting the unfinished requests failed",
+                                              exc_info=True)
+        if stats is not None:
+            stats.aborted(unfinished)
+    if stats is not None:
+        stats.write()
+    report_trace(engine.stop_trace())
+
+
+def check_output_file(path: Optional[str], flag: str) -> None:
+    """Checks, before any work, that a file can be written at `path` (None: not asked for).
+
+    Raises:
+        UsageError: `path` is a directory, or its directory is missing or not writable (names
+            `flag`).
+    """
+    if not path:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path!r} is a directory (fix {flag}: give a file path)")
+    if not os.path.isdir(directory):
+        raise UsageError(f"{flag} {path!r}: directory {directory!r} does not exist (fix {flag})")
+    if not os.access(directory, os.W_OK | os.X_OK) or (
+            os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {path!r}: cannot write there: permission denied (fix {flag})")
+
+
+def make_sampling_params(fields: Dict[str, Any], flags: Optional[Dict[str, str]] = None):
+    """SamplingParams(**fields), checked before the model loads.
+
+    Args:
+        fields: the SamplingParams fields of the flags.
+        flags: renames of the flag a field's error names ('--max-tokens' -> '--output-len').
+    Raises:
+        UsageError: a bad value, naming its flag.
+    """
+    from pagedllm.sampling_params import SamplingParams
+
+    try:
+        return SamplingParams(**fields)
+    except ValueError as e:
+        message = re.sub(r"SamplingParams\.(\w+)",  # the field as its flag; values kept as given
+                         lambda m: "--" + m.group(1).replace("_", "-"), str(e))
+        for field_flag, flag in (flags or {}).items():
+            message = message.replace(field_flag, flag)
+        raise UsageError(message) from None
+
+
+def engine_flags_given(args: argparse.Namespace) -> bool:
+    """Whether any engine flag (not --config) was given."""
+    dests = [*_ENGINE_FLAGS, *_PERSISTENCE_FLAGS, *SPARSE_FLAGS]
+    return any(getattr(args, dest, None) is not None for dest in dests)
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The EngineConfig of --config (if given) with the flags applied over it.
 
@@ -258,11 +311,28 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             cfg = EngineConfig.from_yaml(args.config, **overrides)
         else:
             cfg = EngineConfig(**{k: v for k, v in overrides.items() if v is not None})
+        # An exact size in the file (num_blocks) would win over a --kv-cache-memory flag: the
+        # flag wins over the file, so it clears it (a --num-kv-blocks flag wins anyway). The
+        # same for the Mllama cross pool's --cross-kv-fraction and num_cross_kv_blocks.
+        for budget, exact in (("kv_cache_memory", "num_kv_blocks"),
+                              ("cross_kv_fraction", "num_cross_kv_blocks")):
+            field = _ENGINE_FLAGS[exact]
+            if (getattr(args, budget, None) is not None and getattr(args, exact, None) is None
+                    and getattr(cfg, field) is not None):
+                cfg = cfg.replace(**{field: None})
         if persistence:
             base = dataclasses.asdict(cfg.persistence) if cfg.persistence else {}
             if "storage_path" in persistence:
                 base["enabled"] = True
             cfg = cfg.replace(persistence={**base, **persistence})
+            if not cfg.persistence.enabled:
+                flags = " and ".join("--" + dest.replace("_", "-")
+                                     for dest, key in _PERSISTENCE_FLAGS.items()
+                                     if key in persistence)
+                raise UsageError(f"{flags} {'need' if ' and ' in flags else 'needs'} "
+                                 f"--persistence-path: the persistent KV tier is off (give "
+                                 f"--persistence-path DIR, or enable persistence in the --config "
+                                 f"file)")
         return apply_sparse_args(cfg, args)
     except FileNotFoundError:
         raise UsageError(f"config file {args.config!r} not found (check the --config path)") from None
@@ -308,13 +378,38 @@ def bundled_model_path() -> str:
         raise CliError(f"{_one_line(str(e))} (or give a checkpoint directory with --model DIR)") from None
 
 
+def read_lines(stream, what: str) -> List[str]:
+    """The lines of a --file (a binary file, or a text stream such as stdin), UTF-8 with any
+    newline convention, without their line ends.
+
+    Raises:
+        UsageError: the bytes are not UTF-8 (names `what`, the line and --file).
+    """
+    binary = getattr(stream, "buffer", stream)
+    data = binary.read()
+    if isinstance(data, str):  # a text stream without a buffer
+        text = data
+    else:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            raise UsageError(f"{what} is not UTF-8: byte 0x{data[e.start]:02x} on line {line} "
+                             f"(save it as UTF-8; check --file)") from None
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the last newline ends a line, it does not start one
+    return lines
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
 def flag_hint(message: str) -> Optional[str]:
     """The flags that set the config fields a message names, e.g. '--kv-cache-memory'."""
-    message = re.sub(r"\(known: [^)]*\)", "", message)  # lists of valid keys are not advice
+    # lists of valid keys or values ("(known: a, b)", "keys ['a', 'b']") are not advice
+    message = re.sub(r"\(known: [^)]*\)|\[[^][()]*\]", "", message)
     flags = [flag for field, flag in FLAG_OF_FIELD.items()
-             if field != "model" and re.search(rf"\b{field}\b", message)]
+             if field != "model" and re.search(rf"\b{re.escape(field)}\b", message)]
     return ", ".join(dict.fromkeys(flags)) or None

@@ -20,16 +20,16 @@ import sys
 import time
 from typing import List, Optional, TextIO
 
-from pagedllm.engine.llm_engine import without_request_id
+from pagedllm.commands import HELPS
 from pagedllm.commands.common import (UsageError, add_engine_args, add_trace_arg, build_engine,
-                                      engine_config, positive_int, report_trace,
-                                      start_trace)
+                                      end_run, engine_config, make_sampling_params, positive_int,
+                                      read_lines, start_trace)
 from pagedllm.commands.report import kv_summary
-from pagedllm.commands.stats_file import add_stats_file_arg, open_stats_file
+from pagedllm.commands.stats_file import add_stats_file_arg, check_stats_file, open_stats_file
 from pagedllm.streaming import ChoiceTracker, holdback_for
 
 NAME = "generate"
-HELP = "generate text for prompts (streamed to the terminal)"
+HELP = HELPS[NAME]
 DEFAULT_MAX_TOKENS = 64
 _SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -52,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("-n", "--n", type=positive_int, default=1, dest="n",
                    help="completions per prompt (1)")
     s.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="stop at this text (repeatable; escapes like \\n are understood)")
+                   help="stop at this text (repeatable; the escapes \\n \\t \\r \\\\ \\xHH "
+                        "\\uXXXX and the like are understood)")
     s.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
     o = p.add_argument_group("output")
     o.add_argument("--no-echo", action="store_true", help="print only the generated text")
@@ -74,11 +75,13 @@ def read_prompts(args: argparse.Namespace) -> List[str]:
 
 def _read_file(path: str) -> List[str]:
     try:
-        f: TextIO = sys.stdin if path == "-" else open(path, encoding="utf-8")
+        if path == "-":
+            lines = read_lines(sys.stdin, "prompts from stdin")
+        else:
+            with open(path, "rb") as f:
+                lines = read_lines(f, f"prompt file {path!r}")
     except OSError as e:
         raise UsageError(f"cannot read prompt file {path!r}: {e.strerror} (check --file)") from None
-    with f:
-        lines = [line.rstrip("\n") for line in f]
     if not path.endswith(".jsonl"):
         return [line for line in lines if line.strip()]
     prompts = []
@@ -95,8 +98,54 @@ def _read_file(path: str) -> List[str]:
     return prompts
 
 
-def _unescape(text: str) -> str:
-    return text.encode("utf-8").decode("unicode_escape") if "\\" in text else text
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"',
+            "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
+_HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
+_HEX = frozenset("0123456789abcdefABCDEF")
+ESCAPES_TEXT = "\\n \\t \\r \\\\ \\' \\\" \\a \\b \\f \\v \\xHH \\uXXXX \\UXXXXXXXX"
+
+
+def unescape_stop(text: str) -> str:
+    """A --stop value with its backslash escapes replaced: \\n, \\t, \\r, \\\\, \\', \\",
+    \\a, \\b, \\f, \\v, and \\xHH, \\uXXXX, \\UXXXXXXXX (that code point); every other
+    character, non-ASCII ones included, is kept as it is.
+
+    Raises:
+        UsageError: an unknown or incomplete escape, or a trailing backslash (names --stop).
+    """
+    if "\\" not in text:
+        return text
+    out: List[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        kind = text[i + 1:i + 2]
+        if kind in _ESCAPES:
+            out.append(_ESCAPES[kind])
+            i += 2
+            continue
+        width = _HEX_DIGITS.get(kind)
+        escape = text[i:i + 2 + (width or 0)]
+        if not kind:
+            what = "a trailing backslash"
+        elif not width:
+            what = f"an unknown escape '{escape}'"
+        elif len(escape) != 2 + width or not all(c in _HEX for c in escape[2:]):
+            what = f"'\\{kind}' takes {width} hex digits, got '{escape}'"
+        elif int(escape[2:], 16) > 0x10FFFF or 0xD800 <= int(escape[2:], 16) <= 0xDFFF:
+            what = f"'{escape}' is not a Unicode character"
+        else:
+            out.append(chr(int(escape[2:], 16)))
+            i += len(escape)
+            continue
+        shown = text if text.isprintable() else repr(text)[1:-1]
+        raise UsageError(f"--stop '{shown}': {what} (escapes understood: {ESCAPES_TEXT}; "
+                         f"write \\\\ for a backslash)")
+    return "".join(out)
 
 
 class OrderedPrinter:
@@ -156,51 +205,53 @@ class OrderedPrinter:
 def run(args: argparse.Namespace) -> int:
     prompts = read_prompts(args)
     config = engine_config(args)
-    from pagedllm.sampling_params import SamplingParams
-
-    stops = [_unescape(s) for s in args.stop]
+    stops = [unescape_stop(s) for s in args.stop]
     given = {k: getattr(args, k) for k in _SAMPLING_FLAGS if getattr(args, k) is not None}
     given.update(n=args.n, stop=stops, ignore_eos=args.ignore_eos)
-    _sampling_params(SamplingParams, given)  # bad flags fail before the model loads
+    make_sampling_params(given)  # bad flags fail before the model loads
+    check_stats_file(args)
+    from pagedllm.engine.llm_engine import without_request_id
+
     engine = build_engine(config)
     start_trace(engine, args)
-    stats = open_stats_file(engine, args)
-    defaults = {"max_tokens": DEFAULT_MAX_TOKENS, **engine.generation_defaults()}
-    params = _sampling_params(SamplingParams, {**defaults, **given})
-    usage: List[float] = []
-    engine.on_step = lambda s: usage.append(s["used_blocks"] / max(1, s["num_blocks"]))
-    start = time.perf_counter()
-    index = {}
-    for i, prompt in enumerate(prompts):
-        try:
-            index[engine.add_request(f"generate-{i}", prompt, params)] = i
-        except ValueError as e:
-            raise UsageError(f"prompt {i + 1}: {without_request_id(str(e))} (lower --max-tokens, or "
-                             "raise --max-model-len / --kv-cache-memory)") from None
-    printer = OrderedPrinter(prompts, args.n, holdback_for(stops), not args.no_echo, sys.stdout)
-    first_token: Optional[float] = None
-    while engine.has_unfinished_requests():
-        outs = engine.step()
-        for out in outs:
-            if first_token is None and any(c.token_ids for c in out.outputs):
-                first_token = time.perf_counter()
-            printer.update(index[out.request_id], out)
-        if stats is not None:
-            stats.after_step(outs)
-    elapsed = time.perf_counter() - start
-    if stats is not None:
-        stats.write()
-    report_trace(engine.stop_trace())
+    stats = None
+    unfinished = set()
+    try:
+        stats = open_stats_file(engine, args)
+        defaults = {"max_tokens": DEFAULT_MAX_TOKENS, **engine.generation_defaults()}
+        params = make_sampling_params({**defaults, **given})
+        usage: List[float] = []
+        engine.on_step = lambda s: usage.append(s["used_blocks"] / max(1, s["num_blocks"]))
+        start = time.perf_counter()
+        index = {}
+        for i, prompt in enumerate(prompts):
+            try:
+                rid = engine.add_request(f"generate-{i}", prompt, params)
+            except ValueError as e:
+                raise UsageError(f"prompt {i + 1}: {without_request_id(str(e))} (lower "
+                                 "--max-tokens, or raise --max-model-len / --kv-cache-memory)"
+                                 ) from None
+            index[rid] = i
+            unfinished.add(rid)
+        printer = OrderedPrinter(prompts, args.n, holdback_for(stops), not args.no_echo,
+                                 sys.stdout)
+        first_token: Optional[float] = None
+        while engine.has_unfinished_requests():
+            outs = engine.step()
+            for out in outs:
+                if first_token is None and any(c.token_ids for c in out.outputs):
+                    first_token = time.perf_counter()
+                printer.update(index[out.request_id], out)
+                if out.finished:
+                    unfinished.discard(out.request_id)
+            if stats is not None:
+                stats.after_step(outs)
+        elapsed = time.perf_counter() - start
+    finally:
+        end_run(engine, stats, unfinished)  # also on an error or Ctrl-C
     if not args.quiet:
         _report(engine, len(prompts), elapsed, first_token - start if first_token else None, usage)
     return 0
-
-
-def _sampling_params(cls, fields: dict):
-    try:
-        return cls(**fields)
-    except ValueError as e:
-        raise UsageError(str(e).replace("SamplingParams.", "--").replace("_", "-")) from None
 
 
 def _report(engine, num_prompts: int, elapsed: float, ttft: Optional[float], usage) -> None:

@@ -2,12 +2,14 @@
 
 Version, compiler, CPU features found, CPU kernels compiled in and the one in use, CUDA (compiled in or not,
 runtime and driver versions, GPUs), torch and its threads, the bundled default model. With
---config, also validates the file and prints the resolved engine options (no model is loaded).
+--config and/or engine flags, also validates them and prints the engine options they resolve to
+(a flag wins over the file, as for generate, serve and bench; no model is loaded).
 
 examples:
   pagedllm info
   pagedllm info --json
   pagedllm info --config engine.yaml
+  pagedllm info --config engine.yaml --kv-cache-memory 1GiB
 """
 
 from __future__ import annotations
@@ -19,16 +21,22 @@ import os
 import platform
 from typing import Any, Dict
 
+from pagedllm.commands import HELPS
 from pagedllm._version import __version__
-from pagedllm.commands.common import engine_config
+from pagedllm.commands.common import add_engine_args, engine_config, engine_flags_given
 
 NAME = "info"
-HELP = "print the build (CUDA, CPU features, version) and the devices found"
+HELP = HELPS[NAME]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--config", metavar="FILE.yaml", help="validate this engine config and show it")
+    add_engine_args(p)  # --config FILE.yaml and the flags: validated, the result shown
+
+
+def _shows_engine_config(args: argparse.Namespace) -> bool:
+    """Whether --config or an engine flag was given (then the resolved options are shown)."""
+    return bool(args.config) or engine_flags_given(args)
 
 
 def _cpu_model() -> str:
@@ -123,9 +131,10 @@ def store_facts(persistence) -> Dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    shown = _shows_engine_config(args)
+    cfg = engine_config(args) if shown else None  # a bad file or flag: before anything prints
     facts = collect()
-    if args.config:
-        cfg = engine_config(args)
+    if cfg is not None:
         facts["engine_config"] = dataclasses.asdict(cfg)
         if cfg.persistence is not None and cfg.persistence.enabled:
             facts["kv_store"] = store_facts(cfg.persistence)
@@ -133,8 +142,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(facts, indent=2))
         return 0
     print(format_facts(facts))
-    if args.config:
-        print(f"engine config ({args.config}):")
+    if cfg is not None:
+        source = " with the flags" if engine_flags_given(args) else ""
+        print(f"engine config ({args.config + source if args.config else 'the flags'}):")
         width = max(map(len, facts["engine_config"])) + 2
         for key, value in facts["engine_config"].items():
             print(f"  {key:<{width}}{value}")

@@ -31,17 +31,20 @@ examples:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Callable, Dict, List, Optional, Tuple
 
-from pagedllm.commands.common import CliError, UsageError
+from pagedllm.commands import HELPS
+from pagedllm.commands.errors import CliError, UsageError
 
 NAME = "monitor"
-HELP = "show a running server's (or an offline run's) live metrics"
+HELP = HELPS[NAME]
 P = "pagedllm:"
 
 Samples = Dict[str, float]  # "name{label=value,...}" or "name" -> value, summed over labels
@@ -232,11 +235,29 @@ def render(url: str, views, cur: Snapshot, prev: Optional[Snapshot]) -> List[str
     return lines
 
 
+def check_url(url: str) -> None:
+    """Raises UsageError unless `url` is a server's base URL, http(s)://host[:port][/path]."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+    except ValueError as e:
+        raise UsageError(f"--url {url!r} is not a valid URL: {e} (expected "
+                         "http(s)://host:port, e.g. http://127.0.0.1:8000)") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--url {url!r} is not an http(s) URL (expected http(s)://host:port, "
+                         "e.g. http://127.0.0.1:8000)")
+
+
 def run(args: argparse.Namespace) -> int:
-    if not args.interval > 0:
-        raise UsageError(f"--interval must be > 0, got {args.interval}")
+    if not (args.interval > 0 and math.isfinite(args.interval)):
+        raise UsageError(f"--interval must be a finite number of seconds > 0, got "
+                         f"{args.interval}")
+    if args.count < 0:
+        raise UsageError(f"--count must be >= 0, got {args.count} (0: refresh until Ctrl-C)")
     if args.stats_file and args.url:
         raise UsageError("give --url (a server) or --stats-file (an offline run), not both")
+    if args.url is not None:
+        check_url(args.url)
     views = resolve_metrics(args.metric)
     api_key = args.api_key or os.environ.get("PAGEDLLM_API_KEY") or None
     source = args.stats_file or args.url or "http://127.0.0.1:8000"

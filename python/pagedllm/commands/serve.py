@@ -25,13 +25,14 @@ import signal
 import socket
 import sys
 
+from pagedllm.commands import HELPS
 from pagedllm.commands.common import (CliError, UsageError, add_engine_args, add_trace_arg,
                                       build_engine, start_trace,
                                       engine_config, parse_size, positive_int)
 from pagedllm.server.cli_args import add_policy_arguments, policy_settings
 
 NAME = "serve"
-HELP = "start the OpenAI-compatible HTTP server"
+HELP = HELPS[NAME]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
-from pagedllm.commands.common import UsageError
+from pagedllm.commands.common import UsageError, check_output_file
 
 
 def add_stats_file_arg(parser) -> None:
@@ -22,6 +22,15 @@ def add_stats_file_arg(parser) -> None:
     parser.add_argument("--stats-file", metavar="FILE",
                         help="keep the run's /metrics figures in FILE (rewritten every second "
                              "and at the end), for `pagedllm monitor --stats-file FILE`")
+
+
+def check_stats_file(args: argparse.Namespace) -> None:
+    """Checks --stats-file before the model loads: not a directory, in a writable directory.
+
+    Raises:
+        UsageError: it cannot be written (names --stats-file).
+    """
+    check_output_file(getattr(args, "stats_file", None), "--stats-file")
 
 
 def open_stats_file(engine, args: argparse.Namespace) -> Optional["StatsFileWriter"]:
@@ -50,11 +59,13 @@ class StatsFileWriter:
         model_name: the model_name label.
         interval_s: least time between two writes while running.
     Raises:
-        ValueError: the directory of `path` does not exist.
+        ValueError: `path` is a directory, or its directory does not exist.
     """
 
     def __init__(self, engine, path: str, model_name: str, interval_s: float = 1.0):
         directory = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise ValueError(f"stats file {path!r} is a directory")
         if not os.path.isdir(directory):
             raise ValueError(f"stats file {path!r}: directory {directory!r} does not exist")
         from pagedllm.metrics import EngineMetrics  # prometheus_client: only when used
@@ -80,10 +91,22 @@ class StatsFileWriter:
         if now - self._last_write >= self.interval_s:
             self.write()
 
+    def aborted(self, request_ids: Iterable[str]) -> None:
+        """Counts requests the run aborted (it was interrupted) as the server counts them."""
+        for request_id in request_ids:
+            self.metrics.on_abort(request_id)
+
     def write(self) -> None:
-        """Writes the file now (atomically)."""
+        """Writes the file now (atomically; no FILE.tmp is left behind when it fails)."""
         tmp = f"{self.path}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(self.metrics.render())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(self.metrics.render())
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
         self._last_write = time.monotonic()
