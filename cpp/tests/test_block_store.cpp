@@ -62,6 +62,15 @@ class BlockStoreTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<BlockStore> open(uint64_t max_bytes = 0) {
     return open_block_store(GetParam(), (dir_ / "store").string(), max_bytes);
   }
+  // Bytes one record of `data` (and meta_of's tokens) takes: written once, measured, erased.
+  uint64_t record_size(const std::vector<uint8_t>& data) {
+    auto s = open();
+    const RecordMeta m = meta_of(0);
+    EXPECT_TRUE(s->put(key_of(m), m, data.data(), data.size()));
+    const uint64_t size = s->stats().bytes;
+    EXPECT_TRUE(s->erase(key_of(m)));
+    return size;
+  }
   bool is_file() const { return GetParam() == "file"; }
   // The stored bytes of k's record ("" if absent), read behind the (closed) store's back.
   std::string read_raw(const BlockKey& k) {
@@ -333,14 +342,7 @@ TEST_P(BlockStoreTest, LeftoverTempFilesRemovedAndReopenFindsRecords) {
 
 TEST_P(BlockStoreTest, LruEvictionUnderMaxBytes) {
   const auto data = payload_of(10000, 5);
-  uint64_t rec_size = 0;
-  {
-    auto s = open();
-    const RecordMeta m = meta_of(0);
-    ASSERT_TRUE(s->put(key_of(m), m, data.data(), data.size()));
-    rec_size = s->stats().bytes;
-    EXPECT_TRUE(s->erase(key_of(m)));
-  }
+  const uint64_t rec_size = record_size(data);
   auto s = open(rec_size * 4 + rec_size / 2);  // room for 4 records
   std::vector<RecordMeta> ms;
   for (int i = 0; i < 4; ++i) {
@@ -409,15 +411,8 @@ TEST_P(BlockStoreTest, TouchOrdersEvictionAndSurvivesReopen) {
 
 TEST_P(BlockStoreTest, PutWithParentEvictsChainsFromTheTail) {
   const auto data = payload_of(10000, 5);
-  uint64_t rec_size = 0;
-  {
-    auto s = open();
-    const RecordMeta m = meta_of(1);
-    ASSERT_TRUE(s->put(key_of(m), m, data.data(), data.size()));
-    rec_size = s->stats().bytes;
-  }
+  const uint64_t rec_size = record_size(data);
   auto s = open(rec_size * 3 + rec_size / 2);  // room for 3
-  s->erase(key_of(meta_of(1)));
   std::vector<BlockKey> chain;
   for (int j = 0; j < 7; ++j) {  // root first, each with its parent
     const RecordMeta m = meta_of(50 + j);
