@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -102,10 +102,9 @@ class _Io:
 
 def _read_loop(io: _Io) -> None:
     while True:
-        item = io.reads.get()
-        if item is None:
+        p = io.reads.get()
+        if p is None:
             return
-        p = item
         t0 = time.perf_counter()
         for key, toks in zip(p.keys, p.tokens):
             buf = np.empty(io.bytes_per_block, dtype=np.uint8)
@@ -214,7 +213,8 @@ class PersistentTier:
         self._landed = self._io.landed
         self._prefetches: Dict[str, _Prefetch] = {}
         self._staged = 0
-        self._meta: Dict[bytes, np.ndarray] = {}       # key -> tokens of a planned store
+        # key -> (tokens, parent key, chain to touch) of a planned store
+        self._meta: Dict[bytes, Tuple[np.ndarray, Optional[bytes], Optional[List[bytes]]]] = {}
         # key -> staged bytes of the planned loads of that key, one buffer per load: without
         # prefix caching two requests may load the same block into blocks of their own.
         self._loads: Dict[bytes, List[np.ndarray]] = {}
