@@ -96,9 +96,11 @@ def test_generate_with_config_file_and_stop(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv,match,code", [
-    (["--model", "/nonexistent/dir"], "model directory '/nonexistent/dir' not found", 1),
-    (["--kv-cache-memory", "1KiB"], "holds no block at all", 1),
-    (["--max-model-len", "100000"], "max_model_len=100000 exceeds", 1),
+    # Options that can never make an engine are usage errors (2), as USAGE.md says.
+    (["--model", "/nonexistent/dir"], "model directory '/nonexistent/dir' not found", 2),
+    (["--kv-cache-memory", "1KiB"], "holds no block at all", 2),
+    (["--max-model-len", "100000"], "max_model_len=100000 exceeds", 2),
+    (["--dtype", "float16"], "float16", 2),
     (["--num-kv-blocks", "64", "--max-tokens", "5000"],
      r"prompt 1: prompt \(\d+ tokens\) \+ max_tokens \(5000\) = \d+ exceeds max_model_len "
      r"\(1024\), the maximum context length \(lower --max-tokens", 2),

@@ -353,12 +353,21 @@ def build_engine(config: EngineConfig):
 
     Raises:
         CliError: no --model was given and the bundled default model is not available.
+        UsageError: the options can never make an engine (no such model directory, a KV budget
+            that holds no block, a dtype or device this machine lacks, ...): exit code 2, the
+            message with the flags that set the fields it names.
     """
     if config.model is None:
         config = config.replace(model=bundled_model_path())
     from pagedllm.engine.llm_engine import LLMEngine
 
-    return LLMEngine(config)
+    try:
+        return LLMEngine(config)
+    except (ValueError, FileNotFoundError) as e:
+        message = str(e.args[0]) if isinstance(e, FileNotFoundError) and e.args else str(e)
+        message = " ".join(message.split())  # one line
+        hint = flag_hint(message)
+        raise UsageError(message + (f" (flags: {hint})" if hint else "")) from e
 
 
 def bundled_model_path() -> str:
