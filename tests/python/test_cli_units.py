@@ -143,11 +143,11 @@ def test_bundled_model_missing_is_one_clear_error(monkeypatch, capsys):
 def test_verbose_shows_the_traceback(capsys, tmp_path):
     argv = ["generate", "--model", str(tmp_path / "missing"), "x"]
     code, _, err = run_cli(capsys, *argv)
-    assert code == 1 and err.count("\n") == 1 and "not found" in err
-    with pytest.raises(FileNotFoundError):
-        cli.main(["--verbose", *argv])
-    with pytest.raises(FileNotFoundError):
-        cli.main([*argv[:1], "-v", *argv[1:]])
+    assert code == 2 and err.count("\n") == 1 and "not found" in err
+    for verbose_argv in (["--verbose", *argv], [*argv[:1], "-v", *argv[1:]]):
+        with pytest.raises(UsageError) as e:  # the traceback, down to the cause
+            cli.main(verbose_argv)
+        assert isinstance(e.value.__cause__, FileNotFoundError)
 
 
 # --- generate's printer ---------------------------------------------------------------------------
@@ -283,4 +283,4 @@ def test_cuda_without_a_gpu_is_one_line_naming_the_flag(capsys):
     if ops.cuda_available():
         pytest.skip("a GPU is visible")
     code, _, err = run_cli(capsys, "generate", "x", "--device", "cuda")
-    assert code == 1 and err.count("\n") == 1 and "--device" in err and "unexpected" not in err
+    assert code == 2 and err.count("\n") == 1 and "--device" in err and "unexpected" not in err

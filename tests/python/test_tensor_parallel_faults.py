@@ -110,7 +110,7 @@ def test_cli_names_the_flag(engine_model_dir, capsys):
     code = main(["generate", "--model", engine_model_dir, "-tp", "3", "hello",
                  "--num-kv-blocks", "16"])
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == 2  # options no engine can be built from: a usage error
     assert err.count("\n") == 1
     assert "tensor_parallel_size=3 must divide num_attention_heads=4" in err
     assert "--tensor-parallel-size" in err
