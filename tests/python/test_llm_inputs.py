@@ -58,3 +58,11 @@ def test_sampling_params_of_the_wrong_type(llm, params, match):
     with pytest.raises(ValueError, match=match):
         llm.generate([{"prompt_token_ids": [1, 5]}], params, use_tqdm=False)
     assert_pool_clean(llm)
+
+
+def test_stop_token_ids_outside_the_vocabulary_are_refused(llm):
+    with pytest.raises(ValueError, match=r"^prompt 0: SamplingParams.stop_token_ids holds 600, "
+                                         r"outside the vocabulary \[0, 512\)"):
+        llm.generate([{"prompt_token_ids": [1, 5]}],
+                     SamplingParams(max_tokens=2, stop_token_ids=[3, 600]), use_tqdm=False)
+    assert_pool_clean(llm)

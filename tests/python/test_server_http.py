@@ -202,6 +202,7 @@ def test_api_key_guards_v1_and_metrics():
                        headers={"Authorization": "Bearer sekret"})
             assert r.status_code == 200
             assert c.get("/health").status_code == 200
+            assert c.head("/health").status_code == 200 and c.head("/ping").status_code == 200
             # /metrics tells about other clients' prompts (prefix-cache hits): behind the key.
             assert c.get("/metrics").status_code == 401
             assert c.get("/metrics", headers={"Authorization": "Bearer sekret"}).status_code == 200

@@ -230,6 +230,11 @@ class LLMEngine:
         if bad:
             raise ValueError(f"request {request_id}: prompt token id {bad[0]} is outside the "
                              f"vocabulary [0, {vocab})")
+        stop_ids = params.stop_token_ids if params is not None else []
+        bad = [t for t in stop_ids if t >= vocab]
+        if bad:  # a stop the model can never emit is a typo, not a request to run to the end
+            raise ValueError(f"request {request_id}: SamplingParams.stop_token_ids holds {bad[0]}, "
+                             f"outside the vocabulary [0, {vocab})")
         total = len(ids) + max_tokens
         if total > self.max_model_len:
             why = ""

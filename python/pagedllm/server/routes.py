@@ -53,14 +53,14 @@ def make_routers(api_key, metrics_public: bool = False) -> tuple:
         arrival = now()
         return await create_chat_completion(_state(request), body, request, arrival)
 
-    @misc.get("/health")
+    @misc.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probes
     async def health(request: Request) -> Response:
         engine = _state(request).engine
         if engine.dead_error is not None:
             raise OpenAIError(503, f"the engine stopped: {engine.dead_error!r}")
         return Response(status_code=200)
 
-    @misc.get("/ping")
+    @misc.api_route("/ping", methods=["GET", "HEAD"])
     async def ping(request: Request) -> Response:
         """vLLM's (SageMaker's) liveness probe: the same answer as /health."""
         return await health(request)
