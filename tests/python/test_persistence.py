@@ -270,3 +270,19 @@ def test_a_tight_cap_keeps_chains_from_their_roots(engine_model_dir, prompts, tm
     s = again.kv_cache_stats()
     assert s["disk_hit_tokens"] >= 4 * 8, s  # the kept records are roots, so they are read
     again.engine.shutdown()
+
+
+def test_shared_blocks_are_read_from_disk_once(engine_model_dir, prompts, tmp_path):
+    """Two waiting prompts that share a prefix: the second waits for the first's read and then
+    hits memory, instead of reading the same records again."""
+    store = tmp_path / "kv"
+    first = engine(engine_model_dir, store)
+    ref = run(first, prompts)
+    first.engine.shutdown()
+    again = engine(engine_model_dir, store)
+    pair = prompts[-2:]  # both start with the same 48 tokens (6 blocks of 8)
+    assert run(again, pair) == ref[-2:]
+    s = again.kv_cache_stats()
+    assert s["disk_hits"] == 6, s
+    assert s["prefix_cache_hits"] >= 48, s
+    again.engine.shutdown()

@@ -63,6 +63,7 @@ class _Prefetch:
         self.keys = keys
         self.tokens = tokens
         self.ancestors = list(ancestors)
+        self.key_set = frozenset(keys)
         self.buffers: List[np.ndarray] = []
         self.done = False
         self.started = time.monotonic()
@@ -277,6 +278,13 @@ class PersistentTier:
         with self._lock:
             if any(not p.done for p in self._prefetches.values()):
                 self._landed.wait(timeout)
+
+    def being_read(self, key: bytes, request_id: str) -> bool:
+        """True while another request's prefetch is reading `key` (its blocks will be in
+        memory once that request is admitted: reading them twice is wasted)."""
+        with self._lock:
+            return any(rid != request_id and not p.done and key in p.key_set
+                       for rid, p in self._prefetches.items())
 
     def pending(self, request_id: str) -> bool:
         """True while a prefetch for the request is running."""

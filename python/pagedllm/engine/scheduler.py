@@ -628,6 +628,8 @@ class Scheduler:
             return staged[first - p0:]
         if tier.pending(rid):
             return None
+        if tier.being_read(keys[first], rid):
+            return None  # another request is reading these blocks: wait for its prefix hits
         if req.disk_miss_at == first:
             return []  # looked up already while the request waited for room
         tier.disk_lookup_tokens += (limit - first) * bs
