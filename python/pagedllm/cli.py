@@ -8,6 +8,7 @@ usage errors and 1 for failures while running; ``--verbose`` shows the traceback
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -21,6 +22,8 @@ from pagedllm.commands.errors import CliError
 # The command modules (and through them torch) are imported only when their command runs:
 # `pagedllm --help` stays fast, and a Ctrl-C during the imports is an interrupt like any other.
 COMMANDS = tuple(HELPS)
+# Commands that load torch (after their flags parsed: --help and usage errors stay fast).
+_ENGINE_COMMANDS = ("generate", "serve", "bench", "info")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -157,6 +160,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return e.code if isinstance(e.code, int) else 2
             verbose = getattr(args, "verbose", False)
             _setup_logging(verbose)
+            if command in _ENGINE_COMMANDS:  # torch, imported where a Ctrl-C is deferred too
+                sigint.deferred = True
+                try:
+                    importlib.import_module("torch")
+                finally:
+                    sigint.deferred = False
+                if sigint.noted:
+                    raise KeyboardInterrupt
             code = int(args.run(args) or 0)
             if sigint.noted:  # a Ctrl-C that something on the way swallowed
                 raise KeyboardInterrupt

@@ -59,7 +59,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Union
 
-from pagedllm.model.kv_cache import KV_CACHE_DTYPES
+from pagedllm.kv_dtypes import KV_CACHE_DTYPES
 from pagedllm.persistence_config import PersistenceConfig
 from pagedllm.sparse.config import SparseAttentionConfig
 from pagedllm.sparse.options import parse_sparse_attention

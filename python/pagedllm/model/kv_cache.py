@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from pagedllm import ops
+from pagedllm.kv_dtypes import KV_CACHE_DTYPES as _NAMES
 from pagedllm.model import huge_pages
 from pagedllm.model.config import ModelConfig
 
@@ -43,6 +44,7 @@ _KV_DTYPES: dict[str, tuple[torch.dtype | None, str]] = {
     "fp8_e5m2": (torch.uint8, "fp8_e5m2"),
 }
 KV_CACHE_DTYPES = tuple(_KV_DTYPES)
+assert KV_CACHE_DTYPES == _NAMES, "kv_dtypes.py and this table must list the same names"
 
 
 def _bound_layers(num_layers: int, block_size: int) -> int:
