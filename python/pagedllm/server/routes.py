@@ -53,14 +53,16 @@ def make_routers(api_key, metrics_public: bool = False) -> tuple:
         arrival = now()
         return await create_chat_completion(_state(request), body, request, arrival)
 
-    @misc.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probes
+    @misc.head("/health", include_in_schema=False)  # load balancers probe with HEAD
+    @misc.get("/health")
     async def health(request: Request) -> Response:
         engine = _state(request).engine
         if engine.dead_error is not None:
             raise OpenAIError(503, f"the engine stopped: {engine.dead_error!r}")
         return Response(status_code=200)
 
-    @misc.api_route("/ping", methods=["GET", "HEAD"])
+    @misc.head("/ping", include_in_schema=False)
+    @misc.get("/ping")
     async def ping(request: Request) -> Response:
         """vLLM's (SageMaker's) liveness probe: the same answer as /health."""
         return await health(request)
