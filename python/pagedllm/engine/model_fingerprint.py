@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 import os
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 from pagedllm import _core
 from pagedllm.model.files import CheckpointError, read_json
@@ -48,15 +48,12 @@ def _load_cache(cache_path: Optional[str]) -> Dict[str, dict]:
     return {k: v for k, v in files.items() if isinstance(v, dict)}
 
 
-def _save_cache(cache_path: Optional[str], files: Dict[str, dict]) -> None:
+def _save_cache(cache_path: Optional[str], files: Dict[str, dict], keep: Sequence[str]) -> None:
+    """Writes the cache; past _MAX_CACHED_FILES entries only `keep` (this model's files)."""
     if cache_path is None:
         return
-    if len(files) > _MAX_CACHED_FILES:  # keep the most recently digested
-        def seen(k: str) -> int:
-            v = files[k].get("seen", 0)
-            return v if isinstance(v, int) else 0
-        keep = sorted(files, key=seen)[-_MAX_CACHED_FILES:]
-        files = {k: files[k] for k in keep}
+    if len(files) > _MAX_CACHED_FILES:
+        files = {k: files[k] for k in keep if k in files}
     tmp = f"{cache_path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -70,30 +67,27 @@ def _save_cache(cache_path: Optional[str], files: Dict[str, dict]) -> None:
             pass
 
 
-def weights_digest(path: str, cache: Dict[str, dict], clock: int) -> str:
+def weights_digest(real: str, cache: Dict[str, dict]) -> Tuple[str, bool]:
     """The hex XXH3-128 of every byte of one weight file, from `cache` when its identity is
-    unchanged (the cache is updated in place).
+    unchanged (a new digest is added to the cache).
 
     Args:
-        path: the file.
+        real: the file's real path (the cache key).
         cache: real path -> identity and digest (as _load_cache returns).
-        clock: a counter recorded with the entry (the cache keeps the latest ones).
     Returns:
-        32 hex digits.
+        (32 hex digits, whether the file was read: the cache changed).
     Raises:
         OSError: the file cannot be read (the message names it).
     """
-    real = os.path.realpath(path)
     ident = _identity(real)
     entry = cache.get(real)
     if isinstance(entry, dict) and all(entry.get(k) == v for k, v in ident.items()) \
             and isinstance(entry.get("digest"), str):
-        entry["seen"] = clock
-        return entry["digest"]
+        return entry["digest"], False
     digest = _core.file_digest(real).hex()
     if _identity(real) == ident:  # not changed while it was read: cacheable
-        cache[real] = {**ident, "digest": digest, "seen": clock}
-    return digest
+        cache[real] = {**ident, "digest": digest}
+    return digest, True
 
 
 def model_fingerprint(model_path: str, parts: Sequence[str],
@@ -114,15 +108,16 @@ def model_fingerprint(model_path: str, parts: Sequence[str],
     with open(os.path.join(model_path, "config.json"), "rb") as f:
         h.update(f.read())
     cache = _load_cache(cache_path)
-    clock = max((e.get("seen", 0) for e in cache.values()
-                 if isinstance(e.get("seen", 0), int)), default=0) + 1
-    before = json.dumps(cache, sort_keys=True)
+    used, changed = [], False
     for name in sorted(os.listdir(model_path)):
         if name.endswith(".safetensors"):
-            digest = weights_digest(os.path.join(model_path, name), cache, clock)
+            real = os.path.realpath(os.path.join(model_path, name))
+            digest, read = weights_digest(real, cache)
+            used.append(real)
+            changed |= read
             h.update(b"\0" + name.encode() + b"\0" + digest.encode())
-    if json.dumps(cache, sort_keys=True) != before:
-        _save_cache(cache_path, cache)
+    if changed:
+        _save_cache(cache_path, cache, used)
     for p in parts:
         h.update(b"\0" + p.encode())
     return h.hexdigest()
