@@ -106,7 +106,8 @@ class LLM:
                 PIL image or PNG/JPEG bytes, or a list}} for a LLaVA or Mllama model (one
                 image placeholder token per image: `<image>`, `<|image|>`).
             sampling_params: one SamplingParams for all, or one per prompt (default: the
-                checkpoint's generation_config.json sampling settings, as vLLM does).
+                checkpoint's generation_config.json sampling settings, as vLLM does; its
+                max_new_tokens is lowered to what fits in max_model_len after each prompt).
             use_tqdm: show a progress bar.
         Returns:
             One finished RequestOutput per prompt, in input order.
@@ -130,7 +131,9 @@ class LLM:
             raise ValueError("sampling_params must be a SamplingParams or a list of them, got "
                              f"{type(sampling_params).__name__} (SamplingParams(**d) builds "
                              "one from a dict)")
-        ids = self._add_all(plist, lambda rid, p, i: self.engine.add_request(rid, p, params[i]))
+        default = sampling_params is None  # the checkpoint's max_new_tokens: fitted per prompt
+        ids = self._add_all(plist, lambda rid, p, i: self.engine.add_request(
+            rid, p, params[i], default_max_tokens=default))
         done = {}
         bar = self._bar(len(ids), use_tqdm, "Generating")
         try:

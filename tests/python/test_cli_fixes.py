@@ -418,3 +418,15 @@ def test_info_with_flags_and_no_config(capsys):
     code, out, err = run_cli(capsys, "info", "--block-size", "8")
     assert code == 0, err
     assert "engine config (the flags):" in out and re.search(r"block_size\s+8\n", out)
+
+
+def test_default_max_tokens_fits_the_context(capsys):
+    # The default 64 tokens is fitted to what --max-model-len leaves after the prompt (it was
+    # a usage error telling the user to lower a --max-tokens they never gave); a --max-tokens
+    # given is still checked.
+    argv = ["generate", *ENGINE, "--max-model-len", "24", "--temperature", "0", "--ignore-eos",
+            "--quiet", "The list type"]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0 and "Traceback" not in err, err
+    code, out, err = run_cli(capsys, *argv[:-1], "--max-tokens", "64", "The list type")
+    assert code == 2 and "exceeds max_model_len (24)" in one_line(err)

@@ -66,3 +66,27 @@ def test_stop_token_ids_outside_the_vocabulary_are_refused(llm):
         llm.generate([{"prompt_token_ids": [1, 5]}],
                      SamplingParams(max_tokens=2, stop_token_ids=[3, 600]), use_tqdm=False)
     assert_pool_clean(llm)
+
+
+def test_checkpoint_max_new_tokens_is_fitted_to_the_context(engine_model_dir, tmp_path):  # noqa: F811
+    # generation_config.json's max_new_tokens (here 500) is a default, not the caller's
+    # demand: with max_model_len 64 a default request used to be refused ("prompt + max_tokens
+    # exceeds max_model_len"); it now runs up to the context limit, as vLLM does. A
+    # max_tokens the caller sets is still checked.
+    import json
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(engine_model_dir, model)
+    (model / "generation_config.json").write_text(json.dumps(
+        {"max_new_tokens": 500, "do_sample": False, "min_new_tokens": 0}))
+    llm = LLM(str(model), block_size=4, num_kv_blocks=64, max_model_len=64)
+    prompt = {"prompt_token_ids": list(range(1, 41))}  # 40 tokens: room for 24
+    out = llm.generate([prompt], use_tqdm=False)[0].outputs[0]
+    if out.finish_reason == "length":
+        assert len(out.token_ids) == 24
+    else:
+        assert out.finish_reason == "stop" and len(out.token_ids) <= 24
+    with pytest.raises(ValueError, match="exceeds max_model_len"):
+        llm.generate([prompt], SamplingParams(max_tokens=500), use_tqdm=False)
+    assert_pool_clean(llm)

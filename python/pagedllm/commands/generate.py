@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("sampling (unset: the checkpoint's generation_config.json, "
                              "else the default shown)")
     s.add_argument("--max-tokens", type=positive_int, metavar="N",
-                   help="tokens to generate per prompt (64)")
+                   help="tokens to generate per prompt (64; unset, it is lowered to what the "
+                        "context leaves after the prompt)")
     s.add_argument("--temperature", type=float, metavar="T",
                    help="0 = greedy; higher = more random (1.0)")
     s.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling (1.0)")
@@ -226,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
         index = {}
         for i, prompt in enumerate(prompts):
             try:
-                rid = engine.add_request(f"generate-{i}", prompt, params)
+                rid = engine.add_request(f"generate-{i}", prompt, params,
+                                         default_max_tokens="max_tokens" not in given)
             except ValueError as e:
                 raise UsageError(f"prompt {i + 1}: {without_request_id(str(e))} (lower "
                                  "--max-tokens, or raise --max-model-len / --kv-cache-memory)"

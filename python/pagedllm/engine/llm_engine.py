@@ -256,7 +256,8 @@ class LLMEngine:
 
     def add_request(self, request_id: Optional[str], prompt: PromptType,
                     params: Optional[SamplingParams] = None, arrival_time: Optional[float] = None,
-                    extra_key: int = 0, group: Optional[str] = None) -> str:
+                    extra_key: int = 0, group: Optional[str] = None,
+                    default_max_tokens: bool = False) -> str:
         """Queues a request. It joins the running batch at the next step.
 
         Args:
@@ -270,6 +271,9 @@ class LLMEngine:
             group: fair-share key: waiting requests with a group are admitted group by group,
                 fewest running sequences first (the server gives each HTTP request's prompts
                 one group); None: arrival order.
+            default_max_tokens: params.max_tokens is a default (the checkpoint's
+                max_new_tokens, a CLI default), not the caller's: lowered to what fits in
+                max_model_len after the prompt instead of refusing the request.
         Returns:
             The request id.
         Raises:
@@ -282,8 +286,10 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self._prompt_ids(prompt)
         ids, mm = self.images.prepare(ids, images_of(prompt))
-        if params.max_tokens is None:
-            params = dataclasses.replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
+        room = max(1, self.max_model_len - len(ids))  # a prompt too long is refused below
+        if params.max_tokens is None or (default_max_tokens and params.max_tokens > room):
+            params = dataclasses.replace(params, max_tokens=room,
+                                         min_tokens=min(params.min_tokens, room))
         self._validate(request_id, ids, params.max_tokens, params)
         req = Request(request_id, text, ids, params, extra_key, arrival_time, group, **mm)
         self.scheduler.add_request(req)
