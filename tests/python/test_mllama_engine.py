@@ -211,3 +211,11 @@ def test_chunked_prefill_gives_the_unchunked_result(mllama_dir):
     for a, b, t in zip(c.logprobs, whole.logprobs, c.token_ids):
         assert abs(a[t].logprob - b[t].logprob) < 1e-4
     assert_pools_clean(chunked)
+
+
+def test_tensor_parallel_refuses_an_mllama_checkpoint_clearly(mllama_dir):
+    # It said the architecture was unsupported (config.json was read as a text Llama's).
+    with pytest.raises(ValueError, match="is an Mllama checkpoint: multimodal models are not "
+                                         "supported with tensor_parallel_size=2") as info:
+        LLM(mllama_dir, num_kv_blocks=16, tensor_parallel_size=2, device="cpu")
+    assert "architectures" not in str(info.value)

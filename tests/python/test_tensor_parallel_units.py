@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pagedllm.config import EngineConfig
-from pagedllm.engine.executor import ExecutorDeadError
+from pagedllm.engine.executor import ExecutorDeadError, StepRefusedError
 from pagedllm.engine.tp_driver import laggards, merge_replies, startup_error
 from pagedllm.engine.tp_worker import encode_output
 from pagedllm.engine.model_runner import ModelOutput
@@ -98,9 +98,30 @@ def test_replies_all_ok_give_rank0s_logits():
 
 
 def test_replies_the_same_error_everywhere_fail_only_the_step():
-    with pytest.raises(RuntimeError, match="ValueError: bad slots") as info:
+    with pytest.raises(StepRefusedError, match="^ValueError: bad slots$") as info:
         merge_replies({0: ("error", "ValueError: bad slots"), 1: ("error", "ValueError: bad slots")})
     assert not isinstance(info.value, ExecutorDeadError)
+
+
+def test_a_refused_step_names_the_ranks_error_once(tmp_path, monkeypatch):
+    # The ranks' "Type: message" reached the requests as "RuntimeError: ValueError: ...".
+    from pagedllm import LLM, SamplingParams
+
+    path = write_tp_model(tmp_path / "m", "gqa")
+    llm = LLM(str(path), num_kv_blocks=32, block_size=4, device="cpu", num_threads=1)
+    run = llm.engine.executor.execute_model
+    calls = []
+
+    def refuse_once(out):
+        calls.append(1)
+        if len(calls) == 1:
+            raise StepRefusedError("ValueError: injected on every rank")
+        return run(out)
+
+    monkeypatch.setattr(llm.engine.executor, "execute_model", refuse_once)
+    out = llm.generate([{"prompt_token_ids": [1, 5, 9]}], SamplingParams(max_tokens=2),
+                       use_tqdm=False)[0]
+    assert out.error == "the model step failed: ValueError: injected on every rank"
 
 
 def test_replies_one_rank_failing_kill_the_executor():

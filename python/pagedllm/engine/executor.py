@@ -23,6 +23,11 @@ class ExecutorDeadError(RuntimeError):
     failed alone): the engine stops instead of failing only the step's requests."""
 
 
+class StepRefusedError(RuntimeError):
+    """Every rank refused one step with the same error, whose "Type: message" text this
+    carries as it is: that step's requests fail, the engine goes on."""
+
+
 class Executor(abc.ABC):
     """What the engine needs of the device side."""
 

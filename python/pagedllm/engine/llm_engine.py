@@ -26,7 +26,7 @@ import torch
 from pagedllm import _core, threads
 from pagedllm.config import EngineConfig
 from pagedllm.engine import kv_diagnostics, tracing
-from pagedllm.engine.executor import Executor, ExecutorDeadError
+from pagedllm.engine.executor import Executor, ExecutorDeadError, StepRefusedError
 from pagedllm.engine.executor_factory import make_executor
 from pagedllm.engine.numerics import NumericsChecker
 from pagedllm.engine.sampler import Sampler
@@ -373,7 +373,8 @@ class LLMEngine:
         except ExecutorDeadError:  # the workers are gone (a rank died or hung): stop
             raise
         except Exception as e:  # noqa: BLE001 - the step's requests fail, not the engine
-            self._fail(out, f"the model step failed: {type(e).__name__}: {e}")
+            what = str(e) if isinstance(e, StepRefusedError) else f"{type(e).__name__}: {e}"
+            self._fail(out, f"the model step failed: {what}")
             if self.scheduler.tier is not None:  # what the step staged or planned for the disk
                 self.scheduler.tier.discard([k for k, _ in out.transfer.loads],
                                             [k for _, k in out.transfer.stores])

@@ -8,6 +8,7 @@ import importlib.util
 from pagedllm.config import EngineConfig
 from pagedllm.model import ModelConfig
 from pagedllm.model.llava_config import is_llava_checkpoint
+from pagedllm.model.mllama_config import is_mllama_checkpoint
 from pagedllm.model.tensor_parallel import check_divisible
 
 
@@ -27,10 +28,12 @@ def check_parallel_config(config: EngineConfig, model_path: str) -> str:
     """
     tp = config.tensor_parallel_size
     backend = config.distributed_executor_backend or "mp"
-    if is_llava_checkpoint(model_path):
-        raise ValueError(f"{model_path} is a LLaVA checkpoint: multimodal models are not "
-                         f"supported with tensor_parallel_size={tp} or "
-                         f"distributed_executor_backend={backend!r} yet (run it on one rank)")
+    for kind, found in (("LLaVA", is_llava_checkpoint), ("an Mllama", is_mllama_checkpoint)):
+        if found(model_path):
+            raise ValueError(f"{model_path} is {'a ' * (kind == 'LLaVA')}{kind} checkpoint: "
+                             f"multimodal models are not supported with tensor_parallel_size="
+                             f"{tp} or distributed_executor_backend={backend!r} yet (run it "
+                             "on one rank)")
     check_divisible(ModelConfig.from_dir(model_path), tp)
     if backend == "ray" and importlib.util.find_spec("ray") is None:
         raise ValueError("distributed_executor_backend='ray' needs the ray package "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-from pagedllm.engine.executor import ExecutorDeadError
+from pagedllm.engine.executor import ExecutorDeadError, StepRefusedError
 from pagedllm.engine.model_runner import ModelOutput
 from pagedllm.engine.tp_worker import Reply, decode_output
 from pagedllm.model.errors import CheckpointError
@@ -29,14 +29,14 @@ def merge_replies(replies: Dict[int, Reply]) -> ModelOutput:
     Returns:
         rank 0's logits.
     Raises:
-        RuntimeError: every rank refused the step with the same message.
+        StepRefusedError: every rank refused the step with the same message.
         ExecutorDeadError: some ranks failed and others did not.
     """
     errors = {r: msg for r, (kind, msg) in replies.items() if kind != "ok"}
     if not errors:
         return decode_output(replies[0][1])
     if len(errors) == len(replies) and len(set(errors.values())) == 1:
-        raise RuntimeError(next(iter(errors.values())))
+        raise StepRefusedError(next(iter(errors.values())))
     raise ExecutorDeadError("tensor-parallel step failed on " + "; ".join(
         f"rank {r}: {msg}" for r, msg in sorted(errors.items())))
 
