@@ -98,7 +98,11 @@ def test_generate_with_config_file_and_stop(capsys, tmp_path):
 @pytest.mark.parametrize("argv,match,code", [
     # Options that can never make an engine are usage errors (2), as USAGE.md says.
     (["--model", "/nonexistent/dir"], "model directory '/nonexistent/dir' not found", 2),
-    (["--kv-cache-memory", "1KiB"], "holds no block at all", 2),
+    # one token's K/V take 4 KiB: no block size fits 1 KiB, a 4-token block fits 16 KiB
+    (["--kv-cache-memory", "1KiB"], r"holds no block at all; raise kv_cache_memory_bytes to at "
+                                    r"least 65536 \(one block\) \(flags: --kv-cache-memory\)$", 2),
+    (["--kv-cache-memory", "16KiB"], r"\(one block\), or lower block_size \(to 4 or less\) "
+                                     r"\(flags: --block-size, --kv-cache-memory\)$", 2),
     (["--max-model-len", "100000"], "max_model_len=100000 exceeds", 2),
     (["--dtype", "float16"], "float16", 2),
     (["--num-kv-blocks", "64", "--max-tokens", "5000"],
@@ -112,8 +116,6 @@ def test_generate_errors_are_one_line(capsys, argv, match, code):
     (line,) = err.strip().splitlines()
     assert line.startswith("pagedllm: error: ") and re.search(match, line), err
     assert "Traceback" not in err
-    if "--kv-cache-memory" in argv:
-        assert line.endswith("(flags: --block-size, --kv-cache-memory)")
 
 
 def test_bench_synthetic_and_json(capsys, tmp_path):

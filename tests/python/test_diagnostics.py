@@ -103,7 +103,12 @@ def test_pressure_short_sequences_mean_block_too_large():
                              num_running=4, mean_seq_len=40, prefix_caching=True)
     assert d.symptom == kd.SHORT_OOM and "block too large" in d.cause
     assert "block_size" in d.knob and "now 64" in d.knob
+    assert "block_size=auto with expected_mean_seq_len=40: 16" in d.knob
     assert "3200 empty slots in held blocks (50.0%)" in d.numbers
+    # "auto" never goes under 16: not advised where the block is 16 already
+    d = kd.diagnose_pressure(_stats(block_size=16, slots_reserved=1600, slots_empty=500),
+                             num_running=50, mean_seq_len=22, prefix_caching=True)
+    assert d.symptom == kd.SHORT_OOM and "now 16, e.g. 8" in d.knob and "auto" not in d.knob
 
 
 def test_pressure_long_sequences_mean_too_few_blocks():
@@ -161,26 +166,55 @@ def test_preemption_storm_warning_is_rate_limited(caplog):
     assert m.per_step == 0.0
 
 
-def test_admission_error_long_sequence_names_blocks_and_knob(engine_model_dir):
-    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=20, watermark=0.5)
+def test_admission_error_too_few_blocks_names_figures_that_work():
+    # Reached when the pool does not bound max_model_len (block-sparse streaming): the whole
+    # sequence needs more blocks than the pool has; its prompt alone fits.
+    stats = {"num_blocks": 20, "free_blocks": 20, "block_size": 4}
+    msg = kd.admission_error("r", 60, 100, 25, 15, 20, 0, 4, 4096, stats, 0.0)
+    assert msg.startswith("request r: " + kd.LONG_OOM)
+    assert "too few blocks: 20 blocks hold 80 tokens" in msg
+    assert "100 tokens need 25 KV blocks but the pool has 20" in msg
+    assert "raise num_kv_blocks to at least 25 or kv_cache_memory_bytes to at least 102400" in msg
+    assert "lower max_tokens to at most 20" in msg and "watermark" not in msg.split("Knob:")[1]
+
+
+@pytest.mark.parametrize("num_blocks", [20, 25])
+def test_admission_error_watermark_names_it_and_figures_that_work(engine_model_dir, num_blocks):
+    # A 60-token prompt (15 blocks) with half the pool kept free: the error said "raise
+    # num_kv_blocks to at least 25", which was refused again ("at least 27"); 29 is the first
+    # that admits it, and max_tokens cannot help a prompt.
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=num_blocks, watermark=0.5)
     with pytest.raises(ValueError) as e:
         llm.engine.add_request("r", {"prompt_token_ids": list(range(3, 63))}, greedy(4))
     msg = str(e.value)
-    assert kd.LONG_OOM in msg and "too few blocks" in msg
-    assert "64 tokens need 16 KV blocks but the pool has 20" in msg
-    assert "needs 15 to be admitted, 10 admissible with watermark 10" in msg
-    assert "20 free of 20" in msg and "cached (evictable)" in msg and "shared blocks" in msg
-    assert "raise num_kv_blocks to at least 25" in msg
-    assert not llm.engine.has_unfinished_requests()
+    assert "needs 15 to be admitted" in msg and "the watermark keeps" in msg
+    assert "raise num_kv_blocks to at least 29" in msg and "max_tokens" not in msg
+    most = float(msg.split("lower watermark to at most ")[1].split(",")[0])
+    for options in (dict(num_kv_blocks=29, watermark=0.5), dict(num_kv_blocks=num_blocks,
+                                                                 watermark=most)):
+        ok = LLM(engine_model_dir, block_size=4, **options)
+        ok.generate([{"prompt_token_ids": list(range(3, 63))}], greedy(4), use_tqdm=False)
 
 
-def test_admission_error_short_sequence_names_block_size(engine_model_dir):
-    llm = LLM(engine_model_dir, block_size=64, num_kv_blocks=2, watermark=0.5)
+def test_blocks_to_admit_is_the_least_that_admits():
+    for watermark in (0.0, 0.01, 0.1, 0.25, 0.5, 0.9, 0.99):
+        for admit in range(1, 60):
+            for need in (admit, admit + 7):
+                n = kd.blocks_to_admit(need, admit, watermark)
+                fits = [m >= need and m - min(int(watermark * m), m - 1) >= admit
+                        for m in (n - 1, n)]
+                assert fits == [False, True], (watermark, admit, need, n)
+
+
+def test_a_short_request_is_never_blamed_on_the_block_size(engine_model_dir):
+    # A single request fits iff its tokens fit the admissible slots, whatever the block size:
+    # the error used to advise a smaller block (short sequences), which was refused again.
+    llm = LLM(engine_model_dir, block_size=64, num_kv_blocks=3, watermark=0.5)
     with pytest.raises(ValueError) as e:
-        llm.engine.add_request("r", {"prompt_token_ids": list(range(3, 73))}, greedy(4))
+        llm.engine.add_request("r", {"prompt_token_ids": list(range(3, 153))}, greedy(4))
     msg = str(e.value)
-    assert kd.SHORT_OOM in msg and "block too large" in msg
-    assert "lower block_size" in msg and "e.g. 16" in msg and "8 blocks" in msg
+    assert kd.SHORT_OOM not in msg and "block_size" not in msg.split("Knob:")[1]
+    assert "raise num_kv_blocks to at least 5" in msg and "lower watermark to at most 0," in msg
 
 
 def test_preemption_storm_on_the_real_engine(engine_model_dir, caplog):
@@ -404,3 +438,43 @@ def test_check_numerics_finds_inf_and_ignores_finite_overflowing_rows(engine_mod
     assert "NaN/Inf in the logits (logits row" in outs["inf"].error
     assert outs["big"].outputs[0].finish_reason == "length"
     assert_pool_clean(llm)
+
+
+@pytest.mark.parametrize("options,advice,not_advised", [
+    # num_kv_blocks wins over kv_cache_memory_bytes: a larger byte budget would not help
+    (dict(num_kv_blocks=4, kv_cache_memory_bytes=1 << 20), "Raise num_kv_blocks to at least 25",
+     "kv_cache_memory_bytes"),
+    (dict(kv_cache_memory_bytes=4 * 4096), "Raise kv_cache_memory_bytes (to at least 102400) or "
+     "set num_kv_blocks (to at least 25)", None),
+])
+def test_max_model_len_that_does_not_fit_names_the_knob_that_works(options, advice, not_advised):
+    from pagedllm.config import EngineConfig
+    from pagedllm.engine.kv_sizing import plan_kv_pool
+
+    config = EngineConfig(block_size=4, max_model_len=100, **options)
+    with pytest.raises(ValueError) as e:
+        plan_kv_pool(config, 4096, 512)
+    assert advice in str(e.value) and "lower max_model_len to 16 or less" in str(e.value)
+    if not_advised:
+        assert not_advised not in str(e.value).split(". ")[-1]
+
+
+@pytest.mark.parametrize("options,match", [
+    (dict(kv_cache_memory_bytes=8 << 20), r"the KV pool \(\d+ blocks of 4 tokens, "
+     r"kv_cache_memory_bytes=8388608\) takes 8.0 MiB, but this host has \d+\.\d MiB available; "
+     r"lower kv_cache_memory_bytes$"),
+    (dict(num_kv_blocks=4096), r"num_kv_blocks=4096\) takes .* lower num_kv_blocks$"),
+    (dict(num_kv_blocks=64, preemption_mode="swap", swap_space=1.0),
+     r"with its host swap pool \(swap_space=1.0 GiB\) takes .* lower num_kv_blocks or swap_space$"),
+])
+def test_a_pool_larger_than_the_memory_left_is_refused_naming_the_option(
+        engine_model_dir, monkeypatch, options, match):
+    # A 200 GiB --kv-cache-memory failed inside torch's allocator ("please report it").
+    from pagedllm.engine import device as devices
+
+    pool = 64 * LLM(engine_model_dir, block_size=4, num_kv_blocks=1).engine.plan.bytes_per_block
+    monkeypatch.setattr(devices, "_host_available_bytes", lambda: pool - 1)
+    with pytest.raises(ValueError, match=match):
+        LLM(engine_model_dir, block_size=4, **options)
+    monkeypatch.setattr(devices, "_host_available_bytes", lambda: pool)
+    LLM(engine_model_dir, block_size=4, num_kv_blocks=64)  # exactly what is left: accepted

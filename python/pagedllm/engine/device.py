@@ -147,3 +147,62 @@ def gpu_kv_budget_bytes(device: torch.device, utilization: float, reserve_bytes:
     """kv_budget_bytes with the device's current free / total memory."""
     free, total = torch.cuda.mem_get_info(device)
     return kv_budget_bytes(free, total, utilization, reserve_bytes)
+
+
+def _host_available_bytes() -> Optional[int]:
+    """Memory this process may still take on the host: /proc/meminfo's MemAvailable, bounded
+    by a cgroup v2 limit (memory.max - memory.current) where one is set; None where neither
+    is readable."""
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit != "max":
+            with open("/sys/fs/cgroup/memory.current") as f:
+                found.append(max(0, int(limit) - int(f.read().strip())))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def available_bytes(device: torch.device) -> Optional[int]:
+    """Bytes still free for new tensors on `device`: the GPU's free memory, or the host's
+    available memory (None where the host does not say)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return _host_available_bytes()
+
+
+def check_fits(nbytes: int, device: torch.device, what: str, knob: str) -> None:
+    """Refuses an allocation that cannot fit, before it is tried (a 200 GiB KV pool used to
+    fail inside torch's allocator with "please report it").
+
+    Args:
+        nbytes: the bytes to allocate.
+        device: where.
+        what: what they are, with the option that sized them (e.g. "the KV pool (40000
+            blocks, kv_cache_memory_bytes=...)").
+        knob: what to lower, named as an option and a flag.
+    Raises:
+        ValueError: more than `device` has available (the message gives both figures).
+    """
+    free = available_bytes(device)
+    if free is None or nbytes <= free:
+        return
+    where = "the GPU" if device.type == "cuda" else "this host"
+    raise ValueError(f"{what} takes {_size(nbytes)}, but {where} has {_size(free)} available; "
+                     f"lower {knob}")
+
+
+def _size(nbytes: int) -> str:
+    """Bytes as GiB (2 decimals), or MiB (1 decimal) under 1 GiB."""
+    return (f"{nbytes / (1 << 30):.2f} GiB" if nbytes >= 1 << 30
+            else f"{nbytes / (1 << 20):.1f} MiB")

@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 import numpy as np
+
+from pagedllm.engine.kv_sizing import seed_rule
 
 logger = logging.getLogger("pagedllm")
 
@@ -145,13 +148,17 @@ def diagnose_pressure(stats: Dict, num_running: int, mean_seq_len: float,
     numbers = (f"{num_running} requests running, mean sequence {mean_seq_len:.0f} tokens; "
                + pool_numbers(stats))
     if mean_seq_len < SHORT_SEQ_BLOCKS * bs and frag >= FRAGMENTATION_TOO_HIGH:
+        auto = ""  # "auto" never goes under 16: named only where its rule gives less than now
+        if seed_rule(mean_seq_len) < bs:
+            auto = (f", or block_size=auto with expected_mean_seq_len={int(mean_seq_len)}: "
+                    f"{seed_rule(mean_seq_len)}")
         return Diagnosis(
             SHORT_OOM,
             f"block too large: sequences of ~{mean_seq_len:.0f} tokens in blocks of {bs} leave "
             f"{100 * frag:.0f}% of the held slots empty",
-            f"lower block_size (--block-size; now {bs}, e.g. {max(1, bs // 2)}, or block_size=auto "
-            f"with expected_mean_seq_len={int(mean_seq_len)}); the same memory then holds more "
-            f"blocks", numbers)
+            f"lower block_size (now {bs}, e.g. {max(1, bs // 2)}{auto}); set by kv_cache_memory_bytes, "
+            f"the same memory then holds more blocks (with num_kv_blocks, keep the tokens: "
+            f"raise it as block_size falls)", numbers)
     used = stats.get("used_blocks", 0)
     shared = stats.get("shared_blocks", 0)
     if num_running >= CONCURRENT_REQUESTS and (not used or shared / used < SHARING_TOO_LOW):
@@ -172,10 +179,26 @@ def diagnose_pressure(stats: Dict, num_running: int, mean_seq_len: float,
                      f"{mean_seq_len:.0f} tokens", _MORE_BLOCKS, numbers)
 
 
+def blocks_to_admit(need_blocks: int, admit_blocks: int, watermark: float) -> int:
+    """The fewest pool blocks that admit a request: at least `need_blocks` in all, and
+    `admit_blocks` left after the watermark the engine keeps of that pool
+    (min(int(watermark * n), n - 1) blocks, as kv_sizing.plan_kv_pool)."""
+    # n - int(watermark n) grows with n and is below n (1 - watermark) + 1: no n under
+    # (admit - 1) / (1 - watermark) admits, so the search starts there
+    n = max(need_blocks, admit_blocks, 1, int((admit_blocks - 1) / (1.0 - watermark)))
+    while n - min(int(watermark * n), n - 1) < admit_blocks:
+        n += 1
+    return n
+
+
 def admission_error(request_id: str, prompt_tokens: int, total_tokens: int, need_blocks: int,
                     admit_blocks: int, num_blocks: int, watermark_blocks: int, block_size: int,
-                    bytes_per_block: int, stats: Dict) -> str:
+                    bytes_per_block: int, stats: Dict, watermark: float = 0.0) -> str:
     """The add_request error of a request that can never fit the pool.
+
+    A single request is refused only for too few blocks, never for their size: it needs
+    ceil(tokens / block_size) blocks, which fit exactly when its tokens fit the pool's slots.
+    What does not fit is the whole sequence, or its prompt once the watermark is kept free.
 
     Args:
         request_id: the request.
@@ -185,30 +208,32 @@ def admission_error(request_id: str, prompt_tokens: int, total_tokens: int, need
         admit_blocks: blocks its prompt needs to be admitted.
         num_blocks, watermark_blocks, block_size, bytes_per_block: the pool.
         stats: KVCacheManager.stats() (with "shared_blocks" if known).
+        watermark: the watermark fraction (EngineConfig.watermark) the pool was sized with.
     Returns:
-        "request <id>: <symptom>: <numbers>. Likely cause: ... Knob: ..."
+        "request <id>: <symptom>: <numbers>. Likely cause: ... Knob: ..."; its figures are ones
+        that work: the num_kv_blocks it names admits the request.
     """
     usable = num_blocks - watermark_blocks
     head = (f"{total_tokens} tokens need {need_blocks} KV blocks but the pool has {num_blocks} "
             f"(block_size {block_size}; its prompt of {prompt_tokens} tokens needs {admit_blocks} "
             f"to be admitted, {usable} admissible with watermark {watermark_blocks}); "
             + pool_numbers(stats, need_blocks))
-    if total_tokens < SHORT_SEQ_BLOCKS * block_size:
-        smaller = max(1, block_size // 4)
-        d = Diagnosis(
-            SHORT_OOM,
-            f"block too large: a {total_tokens}-token sequence in a pool of {num_blocks} blocks "
-            f"of {block_size} tokens ({need_blocks * block_size - total_tokens} slots of its "
-            f"last block stay empty)",
-            f"lower block_size (--block-size; e.g. {smaller}: the same memory then gives "
-            f"{num_blocks * (block_size // smaller)} blocks), or {_MORE_BLOCKS}", head)
+    want = blocks_to_admit(need_blocks, admit_blocks, watermark)
+    knobs = [f"raise num_kv_blocks to at least {want} or kv_cache_memory_bytes to at least "
+             f"{want * bytes_per_block}"]
+    if admit_blocks > usable:  # the prompt alone: max_tokens cannot help
+        cause = (f"the prompt needs {admit_blocks} blocks and the watermark keeps "
+                 f"{watermark_blocks} of the {num_blocks} free, leaving {usable}")
+        if admit_blocks <= num_blocks:
+            most = math.floor((num_blocks - admit_blocks) / num_blocks * 1e4) / 1e4
+            knobs.append(f"lower watermark to at most {most:g}")
+        knobs.append("shorten the prompt")
     else:
-        want = max(need_blocks, admit_blocks + watermark_blocks)
-        d = Diagnosis(
-            LONG_OOM, f"too few blocks: {num_blocks} blocks hold {num_blocks * block_size} tokens",
-            f"raise num_kv_blocks to at least {want} (--num-kv-blocks) or kv_cache_memory_bytes "
-            f"to at least {want * bytes_per_block} (--kv-cache-memory), or lower max_tokens "
-            f"(or watermark)", head)
+        cause = f"too few blocks: {num_blocks} blocks hold {num_blocks * block_size} tokens"
+        room = num_blocks * block_size - prompt_tokens
+        if room >= 1:
+            knobs.append(f"lower max_tokens to at most {room}")
+    d = Diagnosis(LONG_OOM, cause, ", or ".join(knobs), head)
     return f"request {request_id}: {d.message()}"
 
 

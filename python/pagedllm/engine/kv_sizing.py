@@ -122,9 +122,12 @@ def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int,
         num_blocks = budget // bytes_per_block
         budget_desc = f"kv_cache_memory_bytes={budget} ({bytes_per_block} bytes per block of {bs} tokens)"
         if num_blocks < 1:
+            smaller = ""  # a smaller block helps only if one token's K/V fits the budget
+            if budget * bs >= bytes_per_block and bs > 1:
+                smaller = f", or lower block_size (to {max(1, budget * bs // bytes_per_block)} or less)"
             raise ValueError(
                 f"the KV cache budget {budget_desc} holds no block at all; raise "
-                f"kv_cache_memory_bytes to at least {bytes_per_block} (one block) or lower block_size")
+                f"kv_cache_memory_bytes to at least {bytes_per_block} (one block){smaller}")
     watermark_blocks = min(int(config.watermark * num_blocks), num_blocks - 1)
     capacity = num_blocks * bs
     usable = (num_blocks - watermark_blocks) * bs  # what one admitted prompt may take
@@ -140,12 +143,15 @@ def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int,
                 f"max_position_embeddings={model_max_len}")
         if config.max_model_len > capacity:
             need = -(-config.max_model_len // bs)
+            # num_kv_blocks wins over kv_cache_memory_bytes: a larger byte budget would not help
+            raise_to = (f"Raise num_kv_blocks to at least {need}" if config.num_kv_blocks is not None
+                        else f"Raise kv_cache_memory_bytes (to at least {need * bytes_per_block}) "
+                             f"or set num_kv_blocks (to at least {need})")
             raise ValueError(
                 f"max_model_len={config.max_model_len} does not fit the KV cache: {budget_desc} "
                 f"gives {num_blocks} blocks = {capacity} tokens, and one sequence of "
-                f"{config.max_model_len} tokens needs {need} blocks. Raise kv_cache_memory_bytes "
-                f"(to at least {need * bytes_per_block}) or num_kv_blocks (to at least {need}), "
-                f"or lower max_model_len to {capacity} or less")
+                f"{config.max_model_len} tokens needs {need} blocks. {raise_to}, or lower "
+                f"max_model_len to {capacity} or less")
         max_model_len = config.max_model_len
     else:
         max_model_len = min(model_max_len, capacity)

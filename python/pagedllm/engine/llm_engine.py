@@ -252,7 +252,8 @@ class LLMEngine:
         if need > self.plan.num_blocks or admit > self.plan.num_blocks - self.plan.watermark_blocks:
             raise ValueError(kv_diagnostics.admission_error(
                 request_id, len(ids), total, need, admit, self.plan.num_blocks,
-                self.plan.watermark_blocks, bs, self.plan.bytes_per_block, self.pool_stats()))
+                self.plan.watermark_blocks, bs, self.plan.bytes_per_block, self.pool_stats(),
+                self.config.watermark))
 
     def add_request(self, request_id: Optional[str], prompt: PromptType,
                     params: Optional[SamplingParams] = None, arrival_time: Optional[float] = None,

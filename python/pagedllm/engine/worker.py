@@ -156,6 +156,7 @@ class Worker:
             self.cross_kv = PagedKVCache(mllama.cross_text, num_cross, plan.block_size,
                                          config.kv_cache_dtype, config.k_scale, config.v_scale,
                                          dtype=self.dtype, device=self.device)
+        self._check_pools_fit(config, plan, bytes_per_block)
         self.kv_cache = PagedKVCache(pool_config, plan.num_blocks, plan.block_size,
                                      config.kv_cache_dtype, config.k_scale, config.v_scale,
                                      dtype=self.dtype, device=self.device,
@@ -193,6 +194,29 @@ class Worker:
                     self.device, str(self.dtype).replace("torch.", ""), plan.num_blocks,
                     plan.block_size, plan.num_blocks * bytes_per_block / (1 << 20),
                     f", {num_host_blocks} host swap blocks" if num_host_blocks else "")
+
+    def _check_pools_fit(self, config: EngineConfig, plan: KVPlan, bytes_per_block: int) -> None:
+        """Refuses a KV pool (and, on the CPU, a host swap pool beside it) larger than the
+        memory left, naming the option that sized it."""
+        pool = plan.num_blocks * bytes_per_block
+        if config.num_kv_blocks is not None:
+            sized, knob = f"num_kv_blocks={config.num_kv_blocks}", "num_kv_blocks"
+        elif config.kv_cache_memory_bytes is not None:
+            sized = f"kv_cache_memory_bytes={config.kv_cache_memory_bytes}"
+            knob = "kv_cache_memory_bytes"
+        else:
+            sized = "the default budget"
+            knob = "kv_cache_memory_bytes or num_kv_blocks"
+        what = f"the KV pool ({plan.num_blocks} blocks of {plan.block_size} tokens, {sized})"
+        host = 0  # the swap pool: as many blocks as swap_space holds, at most the pool's
+        if config.preemption_mode == "swap":
+            host = min(config.swap_space_bytes // bytes_per_block, plan.num_blocks) * bytes_per_block
+        swap = f"host swap pool (swap_space={config.swap_space} GiB)"
+        if host and self.device.type != "cuda":  # both in host memory
+            pool, what, knob = pool + host, f"{what} with its {swap}", f"{knob} or swap_space"
+        devices.check_fits(pool, self.device, what, knob)
+        if host and self.device.type == "cuda":
+            devices.check_fits(host, torch.device("cpu"), f"the {swap}", "swap_space")
 
     def execute_model(self, out: SchedulerOutput) -> ModelOutput:
         """Runs one step: transfers before, the forward, transfers after.
