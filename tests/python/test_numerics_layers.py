@@ -163,3 +163,38 @@ def test_layer_faults_cross_the_tensor_parallel_reply():
     assert out.layer_faults == faults
     torch.testing.assert_close(out.logits, logits)
     assert decode_output(encode_output(ModelOutput(None, {}))).layer_faults is None
+
+
+def test_warn_names_each_request_once_whatever_the_steps(engine_model_dir, prompts, caplog):
+    # A fault at every step (a layer whose output is always NaN) logged one warning per
+    # request and step: a 1000-token run gave 1000 lines for one request.
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=96, check_numerics="warn")
+    model = llm.engine.executor.worker.model
+
+    def poison(module, args, output):
+        output[:] = float("nan")
+        return output
+    hook = model.layers[0].register_forward_hook(poison)
+    with caplog.at_level(logging.WARNING, logger="pagedllm"):
+        outs = llm.generate(tok(prompts), greedy(MAX_TOKENS), use_tqdm=False)
+    hook.remove()
+    warned = [r.getMessage() for r in caplog.records if "numeric check" in r.getMessage()]
+    assert sorted(w.split(" of request ")[1].split(" ")[0] for w in warned) == sorted(
+        o.request_id for o in outs)
+    assert all("further findings of this request are not logged" in w for w in warned)
+    assert all(", step 0)" in w for w in warned)  # steps counted from 0, as the trace does
+    assert llm.kv_cache_stats()["num_numeric_errors"] == llm.engine.num_steps > 1
+
+
+def test_failed_requests_count_no_generated_token(engine_model_dir, prompts):
+    # generation_tokens_total counted a token for every sampled row, those of requests the
+    # step had just failed (which return no token) included.
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=96, check_numerics="fail")
+    hook = llm.engine.executor.worker.model.layers[0].register_forward_hook(
+        lambda module, args, output: output.fill_(float("nan")))
+    outs = llm.generate(tok(prompts), greedy(MAX_TOKENS), use_tqdm=False)
+    hook.remove()
+    assert all(o.outputs[0].finish_reason == "error" and not o.outputs[0].token_ids for o in outs)
+    assert llm.engine.num_generation_tokens == 0
+    outs = llm.generate(tok(prompts), greedy(MAX_TOKENS), use_tqdm=False)
+    assert llm.engine.num_generation_tokens == sum(len(o.outputs[0].token_ids) for o in outs)

@@ -388,7 +388,7 @@ class LLMEngine:
         self.num_steps += 1
         if self.numerics is not None:
             with rec.span("numerics"):
-                self.numerics.check(out, self.num_steps, result.layer_faults, result.logits)
+                self.numerics.check(out, self.num_steps - 1, result.layer_faults, result.logits)
         with rec.span("sample"):
             results = self._sample(out, result.logits)
         try:

@@ -79,6 +79,7 @@ class NumericsChecker:
         self.scheduler = scheduler
         self.kv_manager = kv_manager
         self.num_errors = 0  # steps with a finding
+        self._warned: set = set()  # "warn": requests already named (one warning each)
 
     def check(self, out, step: int, faults: Optional[LayerFaults],
               logits: Optional[torch.Tensor]) -> None:
@@ -86,7 +87,8 @@ class NumericsChecker:
 
         Args:
             out: the step's SchedulerOutput.
-            step: the engine's step number (for the message).
+            step: the step's index, from 0 (for the message; a trace started with the
+                engine numbers its steps the same).
             faults: the worker's per-layer findings (None: nothing found, or not probed).
             logits: float32 [len(out.logits_indices), vocab] host logits (None: no row sampled);
                 in "fail" mode the failed requests' rows are zeroed (their draws are skipped,
@@ -100,11 +102,16 @@ class NumericsChecker:
         if not found:
             return
         self.num_errors += 1
+        if len(self._warned) > 4096:  # forget the requests that have left the engine
+            self._warned &= set(self.scheduler.requests)
         for rid, (seq, where) in found.items():
             message = (f"numeric check: NaN/Inf in {where} of request {rid} (sequence "
                        f"{seq.index}, step {step})")
             if self.mode == "warn":
-                logger.warning("%s", message)
+                if rid not in self._warned:
+                    self._warned.add(rid)
+                    logger.warning("%s (further findings of this request are not logged)",
+                                   message)
                 continue
             logger.error("%s; failing the request", message)
             self.scheduler.fail_request(seq.request, message)

@@ -835,13 +835,13 @@ class Scheduler:
         now = time.monotonic()
         for t, r in zip(out.sample_targets, results):
             seq = t.seq
-            if seq.is_finished:
+            if seq.is_finished:  # failed this step (a numeric check): no token is generated
                 continue
             reason = self.processor.apply(seq, r, now)
+            self.num_generation_tokens += 1
             if reason is not None:
                 self._finish(seq, reason)
             touched[seq.request.request_id] = seq.request
-        self.num_generation_tokens += len(results)
 
         outputs = self.take_failed_outputs()
         for req in touched.values():
