@@ -5,8 +5,10 @@
 namespace pagedllm {
 
 BlockAllocator::BlockAllocator(int32_t num_blocks) : capacity_(num_blocks), num_free_(num_blocks) {
-  PAGEDLLM_CHECK_ARG(num_blocks >= 1, "BlockAllocator: num_blocks must be >= 1, got " << num_blocks);
-  const int32_t num_words = (num_blocks + 63) / 64;
+  PAGEDLLM_CHECK_ARG(num_blocks >= 1 && num_blocks <= kMaxBlocks,
+                     "BlockAllocator: num_blocks must be in [1, " << kMaxBlocks << "], got "
+                                                                  << num_blocks);
+  const int64_t num_words = (int64_t{num_blocks} + 63) / 64;
   words_.assign(static_cast<size_t>(num_words), 0);
   // Mark the bits past the end of the pool as allocated so the scan never returns them.
   const int32_t tail = num_blocks & 63;

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <climits>
+#include <string>
 #include <vector>
 
 #include "pagedllm/block_allocator.h"
@@ -95,6 +97,23 @@ TEST(BlockAllocator, MisuseThrowsAndLeavesStateIntact) {
     EXPECT_EQ(e.kind(), ErrorKind::kOutOfRange);
   }
   EXPECT_THROW(BlockAllocator(0), Error);
+}
+
+// Sizes past kMaxBlocks are refused with a message (INT32_MAX overflowed the bitmap's word
+// count, (n + 63) / 64 in int32, into a negative vector size).
+TEST(BlockAllocator, RefusesPoolsLargerThanItSupports) {
+  for (const int32_t n : {INT32_MAX, INT32_MAX - 10, BlockAllocator::kMaxBlocks + 1, -5}) {
+    try {
+      BlockAllocator a(n);
+      ADD_FAILURE() << "BlockAllocator(" << n << ") did not throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("BlockAllocator: num_blocks must be in [1, 1073741824], got " +
+                                           std::to_string(n)),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

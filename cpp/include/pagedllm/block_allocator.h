@@ -24,7 +24,11 @@ namespace pagedllm {
 
 class BlockAllocator {
  public:
-  // Creates a pool of `num_blocks` free blocks; num_blocks must be >= 1.
+  // The largest pool: 2^30 blocks (4 GiB of refcounts and 128 MiB of bitmap; block ids, and
+  // a KVCacheManager's slots, stay well inside int32).
+  static constexpr int32_t kMaxBlocks = int32_t{1} << 30;
+
+  // Creates a pool of `num_blocks` free blocks; throws unless 1 <= num_blocks <= kMaxBlocks.
   explicit BlockAllocator(int32_t num_blocks);
 
   // Takes the lowest free block at or after the hint; refcount 1. nullopt when none is free.
