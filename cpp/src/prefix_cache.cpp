@@ -57,10 +57,20 @@ std::optional<BlockId> PrefixCache::lookup(uint64_t hash, BlockId parent_block,
   return b;
 }
 
+void PrefixCache::check_block(BlockId block, const char* what) const {
+  PAGEDLLM_CHECK_INDEX(block >= 0 && block < num_blocks(),
+                       "PrefixCache::" << what << ": block " << block << " is outside the pool [0, "
+                                       << num_blocks() << ")");
+}
+
 bool PrefixCache::insert(uint64_t hash, BlockId block, BlockId parent_block, const TokenId* tokens,
                          uint64_t extra_key) {
+  check_block(block, "insert");
+  PAGEDLLM_CHECK_INDEX(parent_block == kNoBlock || (parent_block >= 0 && parent_block < num_blocks()),
+                       "PrefixCache::insert: parent_block " << parent_block
+                           << " is neither kNoBlock (-1) nor inside the pool [0, " << num_blocks()
+                           << ")");
   const auto i = static_cast<size_t>(block);
-  PAGEDLLM_CHECK_INDEX(i < cached_.size(), "PrefixCache::insert: block " << block << " outside the pool");
   if (cached_[i]) return false;
   if (parent_block != kNoBlock && !cached_[static_cast<size_t>(parent_block)]) return false;
   if (!by_hash_.emplace(hash, block).second) return false;
@@ -75,6 +85,14 @@ bool PrefixCache::insert(uint64_t hash, BlockId block, BlockId parent_block, con
 }
 
 void PrefixCache::park(BlockId block) {
+  check_block(block, "park");
+  PAGEDLLM_CHECK_STATE(cached(block), "PrefixCache::park: block " << block
+                                                                  << " is not cached (insert it first)");
+  PAGEDLLM_CHECK_STATE(!parked(block), "PrefixCache::park: block " << block << " is already parked");
+  park_unchecked(block);
+}
+
+void PrefixCache::park_unchecked(BlockId block) {
   const auto i = static_cast<size_t>(block);
   PAGEDLLM_ASSERT(cached_[i] && !parked_[i]);
   parked_[i] = 1;
@@ -98,8 +116,9 @@ void PrefixCache::lru_unlink(BlockId block) {
 }
 
 void PrefixCache::unpark(BlockId block) {
-  PAGEDLLM_ASSERT(parked_[static_cast<size_t>(block)]);
-  lru_unlink(block);
+  check_block(block, "unpark");
+  PAGEDLLM_CHECK_STATE(parked(block), "PrefixCache::unpark: block " << block << " is not parked");
+  unpark_unchecked(block);
 }
 
 int32_t PrefixCache::remove_subtree(BlockId root, std::vector<BlockId>& to_release) {

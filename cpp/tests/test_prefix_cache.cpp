@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
+#include "pagedllm/error.h"
 #include "pagedllm/prefix_cache.h"
 
 namespace pagedllm {
@@ -89,6 +91,61 @@ TEST(PrefixCache, ResetReleasesParkedBlocks) {
   EXPECT_EQ(c.num_cached(), 0);
   EXPECT_FALSE(c.is_cached(0));
   EXPECT_EQ(c.lru_front(), kNoBlock);
+}
+
+// The public methods check their ids and the park state: out-of-pool ids are IndexError-kind
+// errors (ASan: heap-buffer-overflow before), double park / unpark of an unparked block are
+// state errors in every build (they were debug-only asserts), and nothing changes.
+TEST(PrefixCache, PublicMethodsCheckIdsAndState) {
+  PrefixCache c(4, kBs);
+  const std::vector<TokenId> t{1, 2, 3, 4};
+  const auto kind_of = [](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return e.kind();
+    }
+    ADD_FAILURE() << "expected an error";
+    return ErrorKind::kIo;
+  };
+  for (const BlockId b : {-1, 4, 1000000}) {
+    SCOPED_TRACE(b);
+    EXPECT_EQ(kind_of([&] { c.is_cached(b); }), ErrorKind::kOutOfRange);
+    EXPECT_EQ(kind_of([&] { c.is_parked(b); }), ErrorKind::kOutOfRange);
+    EXPECT_EQ(kind_of([&] { c.park(b); }), ErrorKind::kOutOfRange);
+    EXPECT_EQ(kind_of([&] { c.unpark(b); }), ErrorKind::kOutOfRange);
+    EXPECT_EQ(kind_of([&] { c.insert(50, b, kNoBlock, t.data(), 0); }), ErrorKind::kOutOfRange);
+    if (b != -1)  // -1 is kNoBlock: a root block
+      EXPECT_EQ(kind_of([&] { c.insert(51, 0, b, t.data(), 0); }), ErrorKind::kOutOfRange);
+  }
+  EXPECT_EQ(kind_of([&] { c.insert(52, 0, -2, t.data(), 0); }), ErrorKind::kOutOfRange);
+  EXPECT_EQ(c.num_cached(), 0);
+  EXPECT_EQ(kind_of([&] { c.park(0); }), ErrorKind::kInvalidState);  // not cached
+  ASSERT_TRUE(c.insert(10, 0, kNoBlock, t.data(), 0));
+  EXPECT_EQ(kind_of([&] { c.unpark(0); }), ErrorKind::kInvalidState);  // cached, not parked
+  c.park(0);
+  try {
+    c.park(0);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidState);
+    EXPECT_NE(std::string(e.what()).find("PrefixCache::park: block 0 is already parked"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(c.num_parked(), 1);
+  EXPECT_EQ(c.lru_front(), 0);
+  c.unpark(0);
+  EXPECT_EQ(kind_of([&] { c.unpark(0); }), ErrorKind::kInvalidState);
+  EXPECT_EQ(c.num_parked(), 0);
+  EXPECT_EQ(c.lru_front(), kNoBlock);
+  try {
+    c.is_cached(4);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("PrefixCache::is_cached: block 4 is outside the pool [0, 4)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

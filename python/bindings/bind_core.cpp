@@ -283,10 +283,9 @@ void bind_manager(py::module_& m) {
           "width -1 = widest table.")
       .def("refcount", [](const KVCacheManager& k, BlockId b) { return k.allocator().refcount(b); },
            py::arg("block_id"))
-      .def("is_cached", [](const KVCacheManager& k, BlockId b) {
-             PAGEDLLM_CHECK_INDEX(b >= 0 && b < k.num_blocks(), "block id " << b << " is outside the pool [0, " << k.num_blocks() << ")");
-             return k.prefix_cache().is_cached(b);
-           }, py::arg("block_id"), "True if the block is registered in the prefix cache.")
+      .def("is_cached",
+           [](const KVCacheManager& k, BlockId b) { return k.prefix_cache().is_cached(b); },
+           py::arg("block_id"), "True if the block is registered in the prefix cache.")
       .def("is_parked", [](const KVCacheManager& k, BlockId b) { return k.allocator().is_parked(b); },
            py::arg("block_id"), "True if the block is cached with no user (evictable).")
       .def("lru_front",
