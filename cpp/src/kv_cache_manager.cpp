@@ -7,20 +7,31 @@
 
 namespace pagedllm {
 
+int32_t KVCacheManager::checked_block_size(int32_t num_blocks, int32_t block_size,
+                                           int32_t watermark_blocks) {
+  PAGEDLLM_CHECK_ARG(num_blocks >= 1 && num_blocks <= BlockAllocator::kMaxBlocks,
+                     "KVCacheManager: num_blocks must be in [1, " << BlockAllocator::kMaxBlocks
+                                                                  << "], got " << num_blocks);
+  PAGEDLLM_CHECK_ARG(block_size >= 1, "KVCacheManager: block_size must be >= 1, got " << block_size);
+  PAGEDLLM_CHECK_ARG(int64_t{num_blocks} * block_size <= INT32_MAX,
+                     "KVCacheManager: num_blocks * block_size = " << num_blocks << " * "
+                         << block_size << " = " << int64_t{num_blocks} * block_size
+                         << " slots exceeds 2^31 - 1");
+  PAGEDLLM_CHECK_ARG(watermark_blocks >= 0 && watermark_blocks < num_blocks,
+                     "KVCacheManager: watermark_blocks must be in [0, " << num_blocks << "), got "
+                                                                       << watermark_blocks);
+  return block_size;
+}
+
 KVCacheManager::KVCacheManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching,
                                int32_t watermark_blocks)
-    : block_size_(block_size),
+    // Every argument is checked before the pool and the prefix cache (num_blocks * block_size
+    // token ids) are built: a refused size allocates nothing.
+    : block_size_(checked_block_size(num_blocks, block_size, watermark_blocks)),
       enable_prefix_caching_(enable_prefix_caching),
       watermark_blocks_(watermark_blocks),
       allocator_(num_blocks),
       cache_(num_blocks, block_size) {
-  PAGEDLLM_CHECK_ARG(block_size >= 1, "KVCacheManager: block_size must be >= 1, got " << block_size);
-  PAGEDLLM_CHECK_ARG(int64_t{num_blocks} * block_size <= INT32_MAX,
-                     "KVCacheManager: num_blocks * block_size = "
-                         << int64_t{num_blocks} * block_size << " slots exceeds 2^31 - 1");
-  PAGEDLLM_CHECK_ARG(watermark_blocks >= 0 && watermark_blocks < num_blocks,
-                     "KVCacheManager: watermark_blocks must be in [0, " << num_blocks << "), got "
-                                                                       << watermark_blocks);
   fill_.assign(static_cast<size_t>(num_blocks), 0);
 }
 
@@ -68,8 +79,8 @@ KVCacheManager::SeqState& KVCacheManager::register_seq(SeqId seq, uint64_t extra
   s.extra_key = extra_key;
   s.last_hash = last_hash;
   for (BlockId b : hits) {
-    if (cache_.is_parked(b)) {
-      cache_.unpark(b);
+    if (cache_.parked(b)) {  // hits are cached blocks: valid ids
+      cache_.unpark_unchecked(b);
       tokens_stored_ += fill_[static_cast<size_t>(b)];
     }
     allocator_.incref(b);
@@ -106,7 +117,7 @@ std::pair<int32_t, int32_t> KVCacheManager::query_admission(
   match_prefix(tokens, n, extra_key, hits, hashes, num_hashes,
                std::max(max_cached_tokens, 0) / block_size_);
   int32_t parked_hits = 0;
-  for (BlockId b : hits) parked_hits += cache_.is_parked(b) ? 1 : 0;
+  for (BlockId b : hits) parked_hits += cache_.parked(b) ? 1 : 0;
   const int32_t num_hits = static_cast<int32_t>(hits.size());
   const int32_t cached = num_hits * block_size_;
   const int64_t spare = int64_t{num_available_blocks()} - parked_hits - watermark_blocks_;
@@ -133,9 +144,9 @@ int32_t KVCacheManager::admit(SeqId seq, const TokenId* tokens, int32_t n, const
                      "admit: " << num_new_tokens << " new tokens after a cached prefix of "
                                << cached << " exceed the sequence's " << n << " tokens");
   int32_t parked_hits = 0;
-  for (BlockId b : hits) parked_hits += cache_.is_parked(b) ? 1 : 0;
-  const int32_t needed = blocks_for_tokens(int64_t{cached} + num_new_tokens, block_size_) - num_hits;
-  if (int64_t{needed} > int64_t{num_available_blocks()} - parked_hits) return -1;
+  for (BlockId b : hits) parked_hits += cache_.parked(b) ? 1 : 0;
+  const int64_t needed = blocks_for_tokens(int64_t{cached} + num_new_tokens, block_size_) - num_hits;
+  if (needed > int64_t{num_available_blocks()} - parked_hits) return -1;
   SeqState& s = register_seq(seq, extra_key, last_hash, hits, n);
   if (!cache_new_blocks) {
     s.cache_new_blocks = false;
@@ -160,11 +171,13 @@ bool KVCacheManager::can_allocate(const TokenId* prompt, int32_t n, uint64_t ext
   std::vector<BlockId> hits;
   match_prefix(prompt, n, extra_key, hits);
   int32_t parked_hits = 0;
-  for (BlockId b : hits) parked_hits += cache_.is_parked(b) ? 1 : 0;
+  for (BlockId b : hits) parked_hits += cache_.parked(b) ? 1 : 0;
   const int64_t cached = static_cast<int64_t>(hits.size()) * block_size_;
-  const int32_t needed = blocks_for_tokens(cached + num_new_tokens, block_size_) -
-                         static_cast<int32_t>(hits.size());
-  return int64_t{needed} + watermark_blocks_ <= int64_t{num_available_blocks()} - parked_hits;
+  // int64 throughout: 2 cached blocks plus INT32_MAX new tokens at block_size 1 is 2^31 + 1
+  // blocks, which an int32 count wrapped to a negative demand that "fit".
+  const int64_t needed = blocks_for_tokens(cached + num_new_tokens, block_size_) -
+                         static_cast<int64_t>(hits.size());
+  return needed + watermark_blocks_ <= int64_t{num_available_blocks()} - parked_hits;
 }
 
 int32_t KVCacheManager::allocate(SeqId seq, const TokenId* prompt, int32_t n, uint64_t extra_key) {
@@ -178,8 +191,17 @@ int32_t KVCacheManager::allocate(SeqId seq, const TokenId* prompt, int32_t n, ui
 int32_t KVCacheManager::blocks_needed(SeqId seq, int32_t n) const {
   PAGEDLLM_CHECK_ARG(n >= 0, "blocks_needed: n must be >= 0, got " << n);
   const SeqState& s = state(seq);
+  // Every append path (append, append_batch, can_append) asks here first, before any state
+  // changes: a sequence's token count is int32 and must not wrap (a block-sparse stream that
+  // drops its old blocks keeps growing it without holding more blocks).
+  PAGEDLLM_CHECK_ARG(int64_t{s.num_tokens} + n <= kMaxSeqTokens,
+                     "sequence " << seq << " holds " << s.num_tokens << " tokens; appending n = "
+                                 << n << " more would exceed " << kMaxSeqTokens
+                                         << " (2^31 - 1), the most a sequence can hold");
   if (n == 0) return 0;
-  int32_t needed = blocks_for_tokens(int64_t{s.num_tokens} + n, block_size_) - s.table.num_blocks();
+  // < 2^31 tokens at block_size >= 1: the count fits int32.
+  int32_t needed = static_cast<int32_t>(blocks_for_tokens(int64_t{s.num_tokens} + n, block_size_)) -
+                   s.table.num_blocks();
   const bool writes_partial_block = s.num_tokens % block_size_ != 0;
   if (writes_partial_block && allocator_.refcount(s.table.blocks().back()) > 1) ++needed;
   return std::max(needed, 0);
@@ -316,11 +338,12 @@ int32_t KVCacheManager::drop_blocks(SeqId seq, int32_t begin, int32_t end) {
 }
 
 void KVCacheManager::drop_ref(BlockId b) {
-  const bool park = enable_prefix_caching_ && cache_.is_cached(b);
+  // b comes from a block table: a valid id, a held block (decref checks it).
+  const bool park = enable_prefix_caching_ && cache_.cached(b);
   if (!allocator_.decref(b, park)) return;
   tokens_stored_ -= fill_[static_cast<size_t>(b)];
   if (park) {
-    cache_.park(b);
+    cache_.park_unchecked(b);
   } else {
     fill_[static_cast<size_t>(b)] = 0;
   }

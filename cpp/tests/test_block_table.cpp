@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <climits>
+#include <cstdint>
+#include <string>
+
 #include "pagedllm/block_table.h"
 #include "pagedllm/error.h"
 
@@ -36,6 +40,24 @@ TEST(BlockTable, BlocksForTokens) {
   EXPECT_EQ(blocks_for_tokens(16, 16), 1);
   EXPECT_EQ(blocks_for_tokens(17, 16), 2);
   EXPECT_THROW(BlockTable(0), Error);
+}
+
+// Exact over the whole int64 range (the result was an int32 and the sum overflowed).
+TEST(BlockTable, BlocksForTokensOverTheWholeRange) {
+  EXPECT_EQ(blocks_for_tokens(int64_t{1} << 40, 1), int64_t{1} << 40);
+  EXPECT_EQ(blocks_for_tokens((int64_t{1} << 40) + 1, 256), (int64_t{1} << 32) + 1);
+  EXPECT_EQ(blocks_for_tokens(INT64_MAX, 16), INT64_MAX / 16 + 1);
+  EXPECT_EQ(blocks_for_tokens(INT64_MAX, 1), INT64_MAX);
+  EXPECT_EQ(blocks_for_tokens(INT64_MAX - 7, 8), INT64_MAX / 8);
+  EXPECT_EQ(blocks_for_tokens(INT32_MAX, INT32_MAX), 1);
+  EXPECT_THROW(blocks_for_tokens(-1, 16), Error);
+  try {
+    blocks_for_tokens(5, 0);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("block_size must be >= 1, got 0"), std::string::npos);
+  }
 }
 
 TEST(BlockTable, DropBlockKeepsPositions) {

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "pagedllm/error.h"
@@ -243,6 +245,16 @@ TEST(KVCacheManager, ExportBlockTablesPadsWithZero) {
   EXPECT_THROW(m.export_block_tables(seqs.data(), 2, 2, out.data()), Error);
 }
 
+TEST(KVCacheManager, ExportBlockTablesMarksDroppedBlocksMinusOne) {
+  KVCacheManager m(8, 2, false);
+  admit(m, 1, iota_tokens(5));  // blocks 0, 1, 2
+  EXPECT_EQ(m.drop_blocks(1, 0, 1), 1);
+  const SeqId seq = 1;
+  std::vector<int32_t> out(4, -7);
+  m.export_block_tables(&seq, 1, 4, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{BlockTable::kDroppedBlock, 1, 2, 0}));
+}
+
 TEST(KVCacheManager, ResetPrefixCacheFreesParkedBlocks) {
   KVCacheManager m(8, 2);
   admit(m, 1, iota_tokens(4));
@@ -272,6 +284,83 @@ TEST(KVCacheManager, ErrorsNameTheProblem) {
     EXPECT_NE(std::string(e.what()).find("unknown sequence id 9"), std::string::npos);
     EXPECT_EQ(e.kind(), ErrorKind::kOutOfRange);
   }
+}
+
+// The arguments are checked before the pool and the prefix cache are built: a size whose
+// prefix cache (num_blocks * block_size token ids) could not even be allocated is refused with
+// the manager's own message, not std::bad_alloc.
+TEST(KVCacheManager, ConstructorChecksArgumentsBeforeAllocating) {
+  const auto message = [](int32_t num_blocks, int32_t block_size, int32_t watermark) {
+    try {
+      KVCacheManager m(num_blocks, block_size, true, watermark);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "KVCacheManager(" << num_blocks << ", " << block_size << ") did not throw";
+    return std::string();
+  };
+  auto has = [](const std::string& text, const char* part) {
+    return text.find(part) != std::string::npos;
+  };
+  std::string m = message(1 << 20, 1 << 20, 0);  // 2^40 slots: 4 TiB of prefix-cache ids
+  EXPECT_TRUE(has(m, "KVCacheManager: num_blocks * block_size = 1048576 * 1048576")) << m;
+  m = message(16, 0, 0);
+  EXPECT_TRUE(has(m, "KVCacheManager: block_size must be >= 1, got 0")) << m;
+  m = message(0, 4, 0);
+  EXPECT_TRUE(has(m, "KVCacheManager: num_blocks must be in [1, 1073741824], got 0")) << m;
+  m = message(BlockAllocator::kMaxBlocks + 1, 1, 0);
+  EXPECT_TRUE(has(m, "KVCacheManager: num_blocks")) << m;
+  m = message(4, 4, -1);
+  EXPECT_TRUE(has(m, "KVCacheManager: watermark_blocks must be in [0, 4), got -1")) << m;
+}
+
+// can_allocate counts blocks in int64: 2 cached blocks plus INT32_MAX new tokens at block_size 1
+// are 2^31 + 1 blocks, which an int32 count wrapped negative (and so "fit" a 16-block pool).
+TEST(KVCacheManager, CanAllocateHugeRequestsAreFalse) {
+  KVCacheManager m(16, 1);
+  const auto p = iota_tokens(3);
+  admit(m, 1, p);
+  m.free(1);
+  ASSERT_EQ(m.num_cached_tokens(p.data(), 3, 0), 2);
+  EXPECT_FALSE(m.can_allocate(p.data(), 3, 0, INT32_MAX));
+  EXPECT_FALSE(m.can_allocate(p.data(), 3, 0, INT32_MAX - 1));
+  EXPECT_TRUE(m.can_allocate(p.data(), 3, 0, 14));  // 2 cached + 14 new = the whole pool
+  EXPECT_FALSE(m.can_allocate(p.data(), 3, 0, 15));
+}
+
+// A sequence's token count is int32: a streaming sequence that drops its old blocks keeps
+// growing it. Every append path refuses, changing nothing, the tokens that would pass 2^31 - 1
+// (before, num_tokens wrapped negative and the slots repeated).
+TEST(KVCacheManager, SequenceTokenCountNeverWraps) {
+  KVCacheManager m(8, 4, false);
+  admit(m, 1, iota_tokens(5));
+  admit(m, 2, iota_tokens(1));
+  const int32_t room = KVCacheManager::kMaxSeqTokens - 5;
+  EXPECT_EQ(m.blocks_needed(1, room), (1 << 29) - 2);  // 2^31 - 1 tokens in 2^29 blocks, 2 held
+  EXPECT_FALSE(m.can_append(1, room));                 // ... that this pool cannot supply
+  try {
+    m.can_append(1, room + 1);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("sequence 1 holds 5 tokens; appending n = 2147483643 "
+                                         "more would exceed 2147483647"),
+              std::string::npos)
+        << e.what();
+  }
+  std::vector<Slot> slots(8);
+  std::vector<CowPair> cow;
+  const auto t = iota_tokens(8);
+  EXPECT_THROW(m.append(1, t.data(), room + 1, slots.data(), cow), Error);
+  // append_batch checks every sequence before it appends to any.
+  const SeqId seqs[2] = {2, 1};
+  const int32_t counts[2] = {1, room + 1};
+  EXPECT_THROW(m.append_batch(seqs, counts, 2, t.data(), slots.data(), cow), Error);
+  EXPECT_EQ(m.num_tokens(1), 5);
+  EXPECT_EQ(m.num_tokens(2), 1);
+  EXPECT_EQ(m.stats().tokens_stored, 6);
+  EXPECT_TRUE(cow.empty());
 }
 
 TEST(KVCacheManager, EverythingReturnsAfterFree) {

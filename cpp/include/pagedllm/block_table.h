@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "pagedllm/error.h"
 #include "pagedllm/types.h"
 
 namespace pagedllm {
@@ -59,9 +60,16 @@ class BlockTable {
   int32_t num_dropped_ = 0;
 };
 
-// Number of blocks needed to hold `num_tokens` tokens (ceil division).
-inline int32_t blocks_for_tokens(int64_t num_tokens, int32_t block_size) {
-  return static_cast<int32_t>((num_tokens + block_size - 1) / block_size);
+// Number of blocks needed to hold `num_tokens` tokens (ceil division), exact for every
+// num_tokens >= 0 up to INT64_MAX (the result is int64: 2^40 tokens of 1 token per block are
+// 2^40 blocks). Throws when num_tokens < 0 or block_size < 1.
+inline int64_t blocks_for_tokens(int64_t num_tokens, int32_t block_size) {
+  PAGEDLLM_CHECK_ARG(num_tokens >= 0,
+                     "blocks_for_tokens: num_tokens must be >= 0, got " << num_tokens);
+  PAGEDLLM_CHECK_ARG(block_size >= 1,
+                     "blocks_for_tokens: block_size must be >= 1, got " << block_size);
+  // q + (r != 0) rather than (n + bs - 1) / bs: the sum overflows near INT64_MAX.
+  return num_tokens / block_size + (num_tokens % block_size != 0 ? 1 : 0);
 }
 
 }  // namespace pagedllm

@@ -14,6 +14,7 @@
 // Thread-safety: none. The engine calls it from one thread.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <utility>
 #include <unordered_map>
@@ -53,8 +54,12 @@ struct KVCacheStats {
 
 class KVCacheManager {
  public:
-  // A pool of `num_blocks` blocks of `block_size` tokens. num_blocks * block_size must fit in
-  // int32 slots' range; watermark_blocks must be in [0, num_blocks).
+  // Most tokens one sequence can hold (its count is int32), dropped blocks' tokens included.
+  static constexpr int32_t kMaxSeqTokens = INT32_MAX;
+
+  // A pool of `num_blocks` blocks of `block_size` tokens. num_blocks must be in
+  // [1, BlockAllocator::kMaxBlocks], block_size >= 1, num_blocks * block_size <= 2^31 - 1 slots,
+  // watermark_blocks in [0, num_blocks); all are checked before any memory is allocated.
   KVCacheManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching = true,
                  int32_t watermark_blocks = 0);
 
@@ -98,12 +103,15 @@ class KVCacheManager {
 
   // --- growth -------------------------------------------------------------------------------
   // Blocks append(seq, n) would take from the pool (new blocks plus a copy-on-write copy).
+  // Throws if n < 0 or num_tokens(seq) + n would exceed kMaxSeqTokens (so do can_append,
+  // append and append_batch, before changing anything).
   int32_t blocks_needed(SeqId seq, int32_t n) const;
   // True if append(seq, n) would succeed now (no watermark: running sequences may use it).
   bool can_append(SeqId seq, int32_t n) const;
   // Reserves slots for the `n` tokens `tokens` that follow `seq`'s current ones, writes their
   // slots to slots_out[0..n) and appends copy-on-write pairs to cow_out. Returns false and
-  // changes nothing when the pool cannot supply the blocks.
+  // changes nothing when the pool cannot supply the blocks; throws (changing nothing) when the
+  // sequence would exceed kMaxSeqTokens tokens.
   bool append(SeqId seq, const TokenId* tokens, int32_t n, Slot* slots_out,
               std::vector<CowPair>& cow_out);
   // append() for many sequences at once, all or nothing: counts[i] tokens for seqs[i], their
@@ -141,8 +149,9 @@ class KVCacheManager {
   const BlockTable& block_table(SeqId seq) const;
   // Most blocks held by any of `seqs`.
   int32_t max_num_blocks(const SeqId* seqs, int32_t num_seqs) const;
-  // Writes the block tables of `seqs` as rows of `width` ids into out[num_seqs * width],
-  // padding with 0. Throws if a table is wider than `width`.
+  // Writes the block tables of `seqs` as rows of `width` ids into out[num_seqs * width]: a
+  // dropped block (drop_blocks) is -1 (BlockTable::kDroppedBlock), the entries past a table's
+  // end are 0. Throws if a table is wider than `width`.
   void export_block_tables(const SeqId* seqs, int32_t num_seqs, int32_t width, int32_t* out) const;
   // Refcount of block `b` (number of block tables holding it).
   int32_t refcount(BlockId b) const { return allocator_.refcount(b); }
@@ -181,6 +190,9 @@ class KVCacheManager {
   // Registers `seq` holding the matched `hits` (last_hash: the last hit's hash).
   SeqState& register_seq(SeqId seq, uint64_t extra_key, uint64_t last_hash,
                          const std::vector<BlockId>& hits, int32_t num_query_tokens);
+  // Checks the constructor's arguments (before any member is built); returns block_size.
+  static int32_t checked_block_size(int32_t num_blocks, int32_t block_size,
+                                    int32_t watermark_blocks);
   SeqState& state(SeqId seq);
   const SeqState& state(SeqId seq) const;
   // Takes one block from the pool, evicting a parked cached block if none is free.
