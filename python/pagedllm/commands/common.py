@@ -196,29 +196,62 @@ def add_trace_arg(parser: argparse.ArgumentParser) -> None:
                         "profile --capture-range=cudaProfilerApi; CUDA only; NVTX ranges on)")
 
 
+_PROFILE_FLAGS = (("profile_trace", "--profile-trace"), ("profile_layers", "--profile-layers"),
+                  ("profile_torch_steps", "--profile-torch-steps"),
+                  ("profile_cuda_steps", "--profile-cuda-steps"))
+
+
+def _trace_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """The LLMEngine.start_trace options of the --profile-* flags (all None/False: none given)."""
+    return dict(path=getattr(args, "trace", None),
+                layers=bool(getattr(args, "profile_layers", False)),
+                torch_steps=getattr(args, "profile_torch_steps", None),
+                cuda_steps=getattr(args, "profile_cuda_steps", None))
+
+
+def _profile_usage_error(e: ValueError) -> UsageError:
+    message = str(e)
+    for field, flag in _PROFILE_FLAGS:
+        message = message.replace(field, flag)
+    return UsageError(f"{message} (fix the --profile-* flags)")
+
+
+def check_profile_flags(args: argparse.Namespace) -> None:
+    """Checks the --profile-* flags before the model loads: the --profile-trace path as
+    --stats-file's (not empty, not a directory, in a writable directory) and the step windows.
+
+    Args:
+        args: the parsed flags of a command with add_trace_arg (others: nothing to check).
+    Raises:
+        UsageError: a bad flag (named).
+    """
+    options = _trace_options(args)
+    check_output_file(options["path"], "--profile-trace")
+    from pagedllm.engine.trace_options import TraceOptions  # no torch: os and dataclasses
+
+    try:
+        TraceOptions(**options)
+    except ValueError as e:
+        raise _profile_usage_error(e) from None
+
+
 def start_trace(engine, args: argparse.Namespace) -> None:
     """Starts the engine's step trace when a profiling flag was given.
 
+    Args:
+        engine: the LLMEngine to trace.
+        args: the parsed flags (see add_trace_arg).
     Raises:
         UsageError: a bad profiling flag (named).
     """
-    options = dict(path=getattr(args, "trace", None),
-                   layers=getattr(args, "profile_layers", False),
-                   torch_steps=getattr(args, "profile_torch_steps", None),
-                   cuda_steps=getattr(args, "profile_cuda_steps", None))
-    if not (options["path"] or options["cuda_steps"] or options["layers"]
-            or options["torch_steps"]):
+    options = _trace_options(args)
+    if options["path"] is None and not (options["cuda_steps"] or options["layers"]
+                                        or options["torch_steps"]):
         return
     try:
         engine.start_trace(**options)
     except ValueError as e:
-        message = str(e)
-        for field, flag in (("profile_trace", "--profile-trace"),
-                            ("profile_layers", "--profile-layers"),
-                            ("profile_torch_steps", "--profile-torch-steps"),
-                            ("profile_cuda_steps", "--profile-cuda-steps")):
-            message = message.replace(field, flag)
-        raise UsageError(f"{message} (fix the --profile-* flags)") from None
+        raise _profile_usage_error(e) from None
 
 
 def report_trace(paths) -> None:
@@ -250,15 +283,51 @@ def end_run(engine, stats, unfinished) -> None:
     report_trace(engine.stop_trace())
 
 
-def check_output_file(path: Optional[str], flag: str) -> None:
-    """Checks, before any work, that a file can be written at `path` (None: not asked for).
+def request_failure(output) -> Optional[str]:
+    """Why a finished request failed, on one line; None when it did not.
 
-    Raises:
-        UsageError: `path` is a directory, or its directory is missing or not writable (names
-            `flag`).
+    Args:
+        output: the request's final RequestOutput.
+    Returns:
+        Its `error` (the engine sets it with finish_reason "error"), or a generic reason when a
+        completion finished with "error" and no error was given; None for a request that
+        finished normally (stop, length, abort).
     """
-    if not path:
+    if output.error:
+        return _one_line(str(output.error))
+    if any(c.finish_reason == "error" for c in output.outputs):
+        return "the engine ended it with an error (no reason given)"
+    return None
+
+
+def report_failures(failures: Dict[str, str]) -> int:
+    """Says on stderr which requests failed and why, one line each:
+    ``pagedllm: error: <label> failed: <why>``.
+
+    Args:
+        failures: label (e.g. 'prompt 2 (request generate-1)') -> why, in the order to print.
+    Returns:
+        The exit code of the run: 1 when any request failed, else 0.
+    """
+    for label, why in failures.items():
+        print(f"pagedllm: error: {label} failed: {why}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def check_output_file(path: Optional[str], flag: str) -> None:
+    """Checks, before any work, that a file can be written at `path`.
+
+    Args:
+        path: the flag's value (None: the flag was not given, nothing to check).
+        flag: the flag, for the message ('--stats-file').
+    Raises:
+        UsageError: `path` is empty or a directory, or its directory is missing or not
+            writable (names `flag`).
+    """
+    if path is None:
         return
+    if not path.strip():
+        raise UsageError(f"{flag} {path!r} is empty (fix {flag}: give a file path)")
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path!r} is a directory (fix {flag}: give a file path)")
@@ -297,11 +366,15 @@ def engine_flags_given(args: argparse.Namespace) -> bool:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    """The EngineConfig of --config (if given) with the flags applied over it.
+    """The EngineConfig of --config (if given) with the flags applied over it. Every engine
+    command calls this first, so it also checks the --profile-* flags (they set the engine's
+    trace) before the model loads.
 
     Raises:
-        UsageError: unreadable YAML, an unknown key or an invalid value (named).
+        UsageError: unreadable YAML, an unknown key or an invalid value, or a bad --profile-*
+            flag (named).
     """
+    check_profile_flags(args)
     overrides: Dict[str, Any] = {field: getattr(args, dest, None)
                                  for dest, field in _ENGINE_FLAGS.items()}
     persistence = {key: getattr(args, dest, None) for dest, key in _PERSISTENCE_FLAGS.items()}

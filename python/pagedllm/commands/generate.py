@@ -4,7 +4,9 @@ Prompts come from the arguments and/or --file (one prompt per line, or JSON Line
 "prompt" field; "-" reads stdin). All prompts run together in one continuously batched engine;
 the output is printed in prompt order, the current one streamed token by token. Sampling flags
 left unset take the checkpoint's generation_config.json values (as vLLM does). Throughput and
-KV-cache figures go to stderr at the end.
+KV-cache figures go to stderr at the end. A request the engine fails (e.g. --check-numerics
+fail) keeps what it printed; stderr then names each failed prompt and why, and the exit code
+is 1.
 
 examples:
   pagedllm generate "The list type"
@@ -18,12 +20,13 @@ import argparse
 import json
 import sys
 import time
-from typing import List, Optional, TextIO
+from typing import Dict, List, Optional, TextIO, Tuple
 
 from pagedllm.commands import HELPS
 from pagedllm.commands.common import (UsageError, add_engine_args, add_trace_arg, build_engine,
                                       end_run, engine_config, make_sampling_params, positive_int,
-                                      read_lines, start_trace)
+                                      read_lines, report_failures, request_failure,
+                                      start_trace)
 from pagedllm.commands.report import kv_summary
 from pagedllm.commands.stats_file import add_stats_file_arg, check_stats_file, open_stats_file
 from pagedllm.streaming import ChoiceTracker, holdback_for
@@ -175,6 +178,9 @@ class OrderedPrinter:
             delta = self.trackers[unit].advance(comp)
             if delta is not None:
                 self.pending[unit] += delta.text
+        if output.finished:  # a failed request may lack some completions: none will come
+            for j in range(self.n):
+                self.trackers[(prompt_index, j)].done = True
         self._flush()
 
     def _header(self) -> None:
@@ -238,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         printer = OrderedPrinter(prompts, args.n, holdback_for(stops), not args.no_echo,
                                  sys.stdout)
         first_token: Optional[float] = None
+        failed: Dict[int, Tuple[str, str]] = {}  # prompt index -> (request id, why)
         while engine.has_unfinished_requests():
             outs = engine.step()
             for out in outs:
@@ -246,6 +253,9 @@ def run(args: argparse.Namespace) -> int:
                 printer.update(index[out.request_id], out)
                 if out.finished:
                     unfinished.discard(out.request_id)
+                    why = request_failure(out)
+                    if why is not None:
+                        failed[index[out.request_id]] = (out.request_id, why)
             if stats is not None:
                 stats.after_step(outs)
         elapsed = time.perf_counter() - start
@@ -253,7 +263,9 @@ def run(args: argparse.Namespace) -> int:
         end_run(engine, stats, unfinished)  # also on an error or Ctrl-C
     if not args.quiet:
         _report(engine, len(prompts), elapsed, first_token - start if first_token else None, usage)
-    return 0
+    # The outputs of every prompt were printed; the failed ones are named last (exit 1).
+    return report_failures({f"prompt {i + 1} (request {rid})": why
+                            for i, (rid, why) in sorted(failed.items())})
 
 
 def _report(engine, num_prompts: int, elapsed: float, ttft: Optional[float], usage) -> None:

@@ -3,7 +3,9 @@ from the file `pagedllm generate --stats-file FILE` keeps (the same figures).
 
 Refreshes in place every --interval seconds (Ctrl-C stops); --once prints one snapshot. Rates
 (tokens/s) need two snapshots and show as "-" on the first. A server (or file) that cannot be
-read at the first refresh is an error; later, the screen says so and the monitor keeps trying.
+read, or that holds no pagedllm figures, at the first refresh is an error (exit 1), and so is a
+--metric it does not have; later, the screen says so (the server unreachable, the file
+unreadable, a metric missing) and the monitor keeps trying.
 
 metrics (--metric, repeatable or comma-separated; default: all):
   cache_usage     KV-cache usage (used blocks / pool), with a bar
@@ -19,7 +21,8 @@ metrics (--metric, repeatable or comma-separated; default: all):
   evictions       prefix-cache evictions    cow_copies   copy-on-write copies
   preemption_rate preemptions in the last step and per step (storm window)
   disk_hits       prompt tokens loaded from the persistent store / looked up there
-  or any metric name of /metrics (with or without the 'pagedllm:' prefix)
+  or any metric name of /metrics (with or without the 'pagedllm:' prefix; a counter also
+  without _total; a histogram by its base name: its mean (_sum / _count) and count)
 
 examples:
   pagedllm monitor --metric=cache_usage
@@ -86,7 +89,15 @@ def fetch(url: str, timeout: float = 5.0, api_key: Optional[str] = None) -> Samp
         reason = getattr(e, "reason", e)
         raise CliError(f"cannot reach {target}: {reason} (the monitor needs a running server: "
                        f"is `pagedllm serve` running there? check --url{offline})") from None
-    return parse(text)
+    try:
+        samples = parse(text)
+    except ValueError as e:
+        raise CliError(f"{target} is not in the Prometheus text format ({e}); is --url a "
+                       "pagedllm server?") from None
+    if not has_figures(samples):
+        raise CliError(f"{target} holds no pagedllm figures ({_what_else(samples)}; is --url "
+                       "a pagedllm server?)")
+    return samples
 
 
 def read_stats_file(path: str) -> Tuple[float, Samples]:
@@ -100,11 +111,31 @@ def read_stats_file(path: str) -> Tuple[float, Samples]:
                        "--stats-file FILE ...`; check --stats-file)") from None
     except OSError as e:
         raise CliError(f"cannot read stats file {path!r}: {e.strerror}") from None
+    expected = "expected a file written by `pagedllm generate --stats-file` or `pagedllm bench "\
+        "--stats-file`; check --stats-file"
     try:
-        return written, parse(text)
+        samples = parse(text)
     except ValueError as e:
         raise CliError(f"stats file {path!r} is not in the Prometheus text format ({e}); "
-                       "expected a file written by `pagedllm generate --stats-file`") from None
+                       f"{expected}") from None
+    if not has_figures(samples):
+        what = "it is empty" if not text.strip() else _what_else(samples)
+        raise CliError(f"stats file {path!r} holds no pagedllm figures ({what}; {expected})")
+    return written, samples
+
+
+def has_figures(samples: Samples) -> bool:
+    """Whether a scrape holds any pagedllm figure (a 'pagedllm:' metric)."""
+    return any(name.startswith(P) for name in samples)
+
+
+def _what_else(samples: Samples) -> str:
+    """What a scrape without pagedllm figures holds, for the error message."""
+    names = sorted({name.split("{", 1)[0] for name in samples})
+    if not names:
+        return "no metric at all"
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"only {len(names)} other metric{'s' * (len(names) != 1)}: {shown}"
 
 
 def parse(text: str) -> Samples:
@@ -208,30 +239,86 @@ VIEWS: Dict[str, Tuple[str, Callable]] = {
 }
 
 
+class MissingMetric(CliError):
+    """A --metric name that the figures do not hold.
+
+    Args:
+        name: the name as given to --metric.
+    """
+
+    def __init__(self, name: str):
+        super().__init__(f"no metric {name!r} in the figures (known views: {', '.join(VIEWS)}; "
+                         "or a name listed by /metrics: a gauge, a counter with or without "
+                         "_total, a histogram by its base name)")
+        self.name = name
+
+
+def _histogram_mean(samples: Samples, base: str) -> str:
+    """A histogram's mean (_sum / _count) and count; in ms for a name in seconds."""
+    count = samples[base + "_count"]
+    if not count:
+        return "- (0 observed)"
+    mean = samples.get(base + "_sum", 0.0) / count
+    shown = f"{mean * 1000:.1f} ms" if base.endswith("_seconds") else f"{mean:g}"
+    return f"mean {shown} ({count:.0f} observed)"
+
+
+def raw_metric_view(name: str) -> Callable:
+    """The formatter of a metric of /metrics given by name: a gauge or counter sample (summed
+    over its labels, or one labelled series such as 'request_success_total{finished_reason=
+    error}'), a counter without its _total, or a histogram (or summary) by its base name.
+
+    Args:
+        name: the name as given to --metric, with or without the 'pagedllm:' prefix.
+    Returns:
+        f(cur, prev) -> the text shown; it raises MissingMetric when the figures lack the name.
+    """
+    candidates = [name] if name.startswith(P) else [P + name, name]
+
+    def view(cur: Snapshot, prev: Optional[Snapshot]) -> str:
+        samples = cur[1]
+        for raw in candidates:
+            if raw in samples:
+                return f"{samples[raw]:g}"
+            if raw + "_total" in samples:
+                return f"{samples[raw + '_total']:g}"
+            if raw + "_count" in samples:
+                return _histogram_mean(samples, raw)
+        raise MissingMetric(name)
+    return view
+
+
 def resolve_metrics(names: List[str]) -> List[Tuple[str, Callable]]:
     """The (label, formatter) of each requested metric, in order (default: all views)."""
     wanted = [n.strip() for arg in names for n in arg.split(",") if n.strip()] or list(VIEWS)
-    views = []
-    for name in wanted:
-        if name in VIEWS:
-            views.append(VIEWS[name])
-            continue
-        raw = name if name.startswith(P) else P + name
-
-        def raw_view(cur, prev, raw=raw, name=name):
-            if raw not in cur[1]:
-                raise CliError(f"no metric {name!r} in the figures (known views: "
-                               f"{', '.join(VIEWS)}; or a name listed by /metrics)")
-            return f"{cur[1][raw]:g}"
-        views.append((name, raw_view))
-    return views
+    return [VIEWS[name] if name in VIEWS else (name, raw_metric_view(name)) for name in wanted]
 
 
-def render(url: str, views, cur: Snapshot, prev: Optional[Snapshot]) -> List[str]:
-    """The lines of one screen."""
+def render(url: str, views, cur: Snapshot, prev: Optional[Snapshot],
+           missing_ok: bool = False) -> List[str]:
+    """The lines of one screen.
+
+    Args:
+        url: the source shown in the header.
+        views: (label, formatter) pairs of resolve_metrics().
+        cur: this refresh's snapshot.
+        prev: the previous one (None: the first refresh).
+        missing_ok: a metric the figures lack shows as missing instead of raising.
+    Returns:
+        The header line, then one line per view.
+    Raises:
+        MissingMetric: a metric the figures lack (unless missing_ok).
+    """
     width = max(len(label) for label, _ in views)
     lines = [f"pagedllm monitor: {url}  ({time.strftime('%H:%M:%S')})"]
-    lines += [f"  {label:<{width}}  {fmt(cur, prev)}" for label, fmt in views]
+    for label, fmt in views:
+        try:
+            value = fmt(cur, prev)
+        except MissingMetric:
+            if not missing_ok:
+                raise
+            value = "- (missing: not in the figures of this refresh)"
+        lines.append(f"  {label:<{width}}  {value}")
     return lines
 
 
@@ -274,16 +361,19 @@ def run(args: argparse.Namespace) -> int:
     while True:
         try:
             cur = snapshot()
+        except CliError as e:
+            if prev is None:
+                raise
+            cur = None
+            lines = [f"pagedllm monitor: {source}  ({time.strftime('%H:%M:%S')})",
+                     f"  {'unreadable' if args.stats_file else 'unreachable'}: {e}"]
+        else:
             label = source
             if args.stats_file:
                 written = time.strftime("%H:%M:%S", time.localtime(cur[0]))
                 label += f", an offline run written at {written}"
-            lines = render(label, views, cur, prev)
-        except CliError as e:
-            if prev is None:
-                raise
-            cur, lines = None, [f"pagedllm monitor: {source}  ({time.strftime('%H:%M:%S')})",
-                                f"  unreachable: {e}"]
+            # A --metric the first figures lack is an error; one gone later shows as missing.
+            lines = render(label, views, cur, prev, missing_ok=prev is not None)
         if tty and drawn:
             sys.stdout.write(f"\x1b[{drawn}F\x1b[J")  # back to the first line, clear below
         sys.stdout.write("\n".join(lines) + "\n")

@@ -60,6 +60,9 @@ class TraceOptions:
             raise ValueError(f"profile_trace={self.path!r}: expected a file path")
         if self.path is not None:
             object.__setattr__(self, "path", os.fspath(self.path))
+            if not self.path.strip():
+                raise ValueError(f"profile_trace={self.path!r} is empty: expected a file path "
+                                 f"(None: no trace)")
         if self.torch_steps is not None and self.path is None:
             raise ValueError("profile_torch_steps needs profile_trace (the torch.profiler "
                              "capture is written beside it, as <name>.torch.json)")

@@ -28,12 +28,14 @@ class ChromeTraceWriter:
         path: the file to write (created or truncated now).
         origin_ns: the perf_counter_ns() value that becomes ts 0.
     Raises:
-        ValueError: the directory of `path` does not exist.
+        ValueError: `path` is a directory, or its directory does not exist.
         OSError: the file cannot be created.
     """
 
     def __init__(self, path: str, origin_ns: int):
         directory = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise ValueError(f"trace file {path!r} is a directory: expected a file path")
         if not os.path.isdir(directory):
             raise ValueError(f"trace file {path!r}: directory {directory!r} does not exist")
         self.path = path
@@ -41,6 +43,9 @@ class ChromeTraceWriter:
         self.pid = os.getpid()
         self.num_events = 0
         self._tids: Dict[int, int] = {}
+        # write() and close() may race at interpreter exit (a finalizer on the main thread,
+        # a step ending on the engine's thread): one at a time, nothing written after close.
+        self._lock = threading.Lock()
         self._file = open(path, "w", encoding="utf-8")
         head = (f'{{"displayTimeUnit": "ms", "traceEvents": [\n'
                 f'{{"name": "process_name", "ph": "M", "pid": {self.pid}, "tid": 0, '
@@ -50,23 +55,33 @@ class ChromeTraceWriter:
         self._file.write(_TAIL)
         self._file.flush()
 
+    @property
+    def closed(self) -> bool:
+        """True once close() ran (later writes are ignored)."""
+        return self._file is None
+
     def write(self, events: Iterable[Event]) -> None:
-        """Appends events (any order; viewers sort by ts) and leaves the file valid JSON."""
-        lines = [self._format(e) for e in events]
-        if not lines or self._file is None:
-            return
-        self._file.seek(self._tail_at)
-        self._file.write(",\n" + ",\n".join(lines))
-        self._tail_at = self._file.tell()
-        self._file.write(_TAIL)
-        self._file.flush()
-        self.num_events += len(lines)
+        """Appends events (any order; viewers sort by ts) and leaves the file valid JSON;
+        nothing once the writer is closed."""
+        with self._lock:
+            if self._file is None:
+                return
+            lines = [self._format(e) for e in events]
+            if not lines:
+                return
+            self._file.seek(self._tail_at)
+            self._file.write(",\n" + ",\n".join(lines))
+            self._tail_at = self._file.tell()
+            self._file.write(_TAIL)
+            self._file.flush()
+            self.num_events += len(lines)
 
     def close(self) -> None:
         """Closes the file (it is complete already)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
     def _format(self, e: Event) -> str:
         name, cat, t0, t1, ident, args = e

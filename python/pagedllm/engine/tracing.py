@@ -22,7 +22,8 @@ only with profile_layers, `detokenize` only when the model has a tokenizer):
 The hot path: `begin` is one perf_counter_ns() (plus an NVTX push on CUDA), `end` one more and
 one tuple appended to a list; no dict, no string formatting. Events reach the file
 (engine/trace_writer.py) in batches, at the end of a step that filled FLUSH_EVENTS or came
-FLUSH_INTERVAL_NS after the last batch, and at stop. Times are host times: on a
+FLUSH_INTERVAL_NS after the last batch, and at stop (also a trace never stopped: when its engine
+is collected, or at interpreter exit). Times are host times: on a
 GPU, `forward` is the launch of its kernels and `logits` includes waiting for them (the NVTX
 ranges in an nsys timeline show the device side).
 """
@@ -30,6 +31,8 @@ ranges in an nsys timeline show the device side).
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from threading import get_ident
 from time import perf_counter_ns
 from typing import List, Optional
@@ -135,6 +138,7 @@ class SpanRecorder:
         self.nvtx = nvtx
         self.events: List[Event] = []
         self.depth = 0  # open NVTX ranges
+        self._drain_lock = threading.Lock()  # two drains at once would lose events
 
     def begin(self, name: str) -> int:
         """Opens a span; returns its start (perf_counter_ns)."""
@@ -170,10 +174,11 @@ class SpanRecorder:
 
     def drain(self) -> List[Event]:
         """Takes the recorded events (appends racing with it stay for the next drain)."""
-        n = len(self.events)
-        batch = self.events[:n]
-        del self.events[:n]
-        return batch
+        with self._drain_lock:
+            n = len(self.events)
+            batch = self.events[:n]
+            del self.events[:n]
+            return batch
 
 
 class DetokenizeClock:
@@ -233,6 +238,12 @@ class StepTracer:
                                                     options.torch_trace_path, on_cuda)
         self.writer = (ChromeTraceWriter(options.path, perf_counter_ns())
                        if options.path is not None else None)
+        # The spans still buffered reach the file at close(), or when this tracer (with its
+        # engine) is collected or the interpreter exits without stop_trace() / close(): the
+        # finalizer holds the writer and the recorder, never the tracer or the engine, and
+        # runs once.
+        self._finalizer = (weakref.finalize(self, _write_buffered, self.writer, self.recorder)
+                           if self.writer is not None else None)
         self._flushed_at = perf_counter_ns()
         self._windows = [w for w in (self.cuda_window, self.torch_window) if w is not None]
 
@@ -268,11 +279,18 @@ class StepTracer:
             w.close()
         written = []
         if self.writer is not None:
-            self.writer.write(self.recorder.drain())
-            self.writer.close()
+            self._finalizer()  # the buffered spans, then the file closed (once)
             written.append(self.writer.path)
             logger.info("trace of %d steps (%d spans) written to %s", self.step,
                         self.writer.num_events, self.writer.path)
         if self.torch_window is not None and self.torch_window.written:
             written.append(self.torch_window.written)
         return written
+
+
+def _write_buffered(writer: ChromeTraceWriter, recorder: SpanRecorder) -> None:
+    """Writes the spans still buffered and closes the trace file (StepTracer's finalizer)."""
+    try:
+        writer.write(recorder.drain())
+    finally:
+        writer.close()
