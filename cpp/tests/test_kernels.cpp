@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -201,6 +202,82 @@ TEST(KernelValidation, BadBlockIdThrowsBeforeWriting) {
     EXPECT_EQ(e.kind(), pagedllm::ErrorKind::kOutOfRange);
   }
   for (float x : out) ASSERT_EQ(x, 3.0f);
+}
+
+// A context of 2^31 - 1 tokens: one block of 256 tokens, a table of 2^23 entries. Block counts
+// derived from it are int64 (len + block_size - 1 overflowed int32: decode checked no table
+// entry and read garbage through -1 ids; sparse calls refused valid lists or saw no token).
+struct HugeContext {
+  static constexpr int32_t kBs = 256, kHd = 8, kWidth = 1 << 23;
+  std::vector<float> k = std::vector<float>(kBs * kHd, 1.0f), v = k, q = std::vector<float>(kHd, 1.0f);
+  std::vector<float> out = std::vector<float>(kHd, 3.0f);
+  std::vector<int32_t> table;
+  int32_t len = INT32_MAX;
+  int32_t cu[2] = {0, 1};
+
+  explicit HugeContext(int32_t fill) : table(kWidth, fill) {}
+
+  pk::AttentionParams params() {
+    pk::AttentionParams p;
+    p.out = out.data();
+    p.query = q.data();
+    p.out_token_stride = p.query_token_stride = p.out_head_stride = p.query_head_stride = kHd;
+    p.num_tokens = 1;
+    p.num_heads = 1;
+    p.cache.key_cache = k.data();
+    p.cache.value_cache = v.data();
+    p.cache.key_block_stride = p.cache.value_block_stride = kBs * kHd;
+    p.cache.num_blocks = 1;
+    p.cache.num_kv_heads = 1;
+    p.cache.block_size = kBs;
+    p.cache.head_dim = kHd;
+    p.block_tables = table.data();
+    p.block_table_stride = p.max_blocks_per_seq = kWidth;
+    p.context_lens = &len;
+    p.num_seqs = 1;
+    p.scale = 0.1f;
+    return p;
+  }
+};
+
+TEST(KernelValidation, ContextNearInt32MaxChecksItsBlocks) {
+  HugeContext c(-1);  // every entry outside the pool
+  for (const bool prefill : {false, true}) {
+    pk::AttentionParams p = c.params();
+    if (prefill) p.cu_seqlens_q = c.cu;
+    try {
+      prefill ? pk::paged_attention_prefill(p) : pk::paged_attention_decode(p);
+      ADD_FAILURE() << "expected an error (prefill " << prefill << ")";
+    } catch (const pagedllm::Error& e) {
+      EXPECT_EQ(e.kind(), pagedllm::ErrorKind::kOutOfRange);
+      EXPECT_NE(std::string(e.what()).find("block_tables[0][0] = -1 is outside the pool [0, 1)"),
+                std::string::npos)
+          << e.what();
+    }
+    for (float x : c.out) ASSERT_EQ(x, 3.0f);
+  }
+}
+
+TEST(KernelValidation, SparseListAtTheEndOfAnInt32MaxContext) {
+  HugeContext c(0);  // every entry: block 0, all ones
+  const int32_t indptr[2] = {0, 1};
+  const int32_t last = HugeContext::kWidth - 1;  // holds tokens [2^31 - 256, 2^31 - 1): 255
+  pk::BlockSparseParams sp;
+  sp.indptr = indptr;
+  sp.num_lists = 1;
+  sp.indices = &last;
+  sp.num_indices = 1;
+  for (const bool prefill : {false, true}) {
+    pk::AttentionParams p = c.params();
+    if (prefill) p.cu_seqlens_q = c.cu;
+    std::fill(c.out.begin(), c.out.end(), 3.0f);
+    prefill ? pk::paged_attention_prefill_sparse(p, sp) : pk::paged_attention_decode_sparse(p, sp);
+    for (float x : c.out) EXPECT_NEAR(x, 1.0f, 1e-6f) << "prefill " << prefill;  // mean of ones
+  }
+  // A listed block past the context's 2^23 blocks is still refused.
+  const int32_t past = HugeContext::kWidth;
+  sp.indices = &past;
+  EXPECT_THROW(pk::paged_attention_decode_sparse(c.params(), sp), pagedllm::Error);
 }
 
 TEST(KernelThreadPool, EveryIndexOnceAndErrorsRethrown) {

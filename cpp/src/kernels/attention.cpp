@@ -169,6 +169,18 @@ int decode_partition_len(int64_t units, int max_len) {
   return static_cast<int>(len);
 }
 
+// Partitions of part_len tokens covering max_len tokens (at least 1), counted in int64: the sum
+// max_len + part_len - 1 overflows int32 for a context near 2^31.
+int partition_count(int max_len, int part_len) {
+  return static_cast<int>(std::max<int64_t>(1, (int64_t{max_len} + part_len - 1) / part_len));
+}
+
+// End of the partition starting at `begin` of a context of len tokens: min(len, begin +
+// part_len), the sum in int64 (it passes INT32_MAX in the last partition of a 2^31 context).
+int partition_end(int len, int begin, int part_len) {
+  return static_cast<int>(std::min<int64_t>(len, int64_t{begin} + part_len));
+}
+
 // Decode's split-K partials, [num_seqs, kv heads, parts, group] x (max, sum, acc[hd]); empty
 // when parts == 1.
 struct Partials {
@@ -242,7 +254,7 @@ void run_decode_heads(const AttentionParams& p, const SparseView* sv, const Engi
     max_len = std::max(max_len, seq_len[s]);
   }
   const int part_len = decode_partition_len(p.num_seqs, max_len);  // units: sequences
-  const int parts = std::max(1, (max_len + part_len - 1) / part_len);
+  const int parts = partition_count(max_len, part_len);
   const float qmul = query_mul(p, ops);
   const float vmul = value_mul(p, ops);
   Partials partials(p, parts, group);
@@ -273,7 +285,7 @@ void run_decode_heads(const AttentionParams& p, const SparseView* sv, const Engi
       if (sv) t.block_table = sv->table(sv->list(seq, h));
       t.row_limit = s.limit.data() + row0;
       t.token_begin = begin;
-      t.token_end = std::min(len, begin + part_len);
+      t.token_end = partition_end(len, begin, part_len);
       if (parts == 1) {
         t.acc = s.acc.data() + row0 * hd;
         t.row_max = s.row_max.data() + row0;
@@ -317,7 +329,7 @@ void run_decode(const AttentionParams& p, const SparseView* sv) {
   for (int s = 0; s < p.num_seqs; ++s)
     for (int h = 0; h < (sv ? kvh_count : 1); ++h) max_len = std::max(max_len, context(s, h));
   const int part_len = decode_partition_len(static_cast<int64_t>(p.num_seqs) * kvh_count, max_len);
-  const int parts = std::max(1, (max_len + part_len - 1) / part_len);
+  const int parts = partition_count(max_len, part_len);
   const float qmul = query_mul(p, ops);
   const float vmul = value_mul(p, ops);
   Partials partials(p, parts, group);
@@ -348,7 +360,7 @@ void run_decode(const AttentionParams& p, const SparseView* sv) {
     if (sv) t.block_table = sv->table(sv->list(seq, kvh));
     const int bs = t.block_size;
     const int first = begin / bs;
-    const int last = std::min((std::min(len, begin + part_len) - 1) / bs, first + 1);
+    const int last = std::min((partition_end(len, begin, part_len) - 1) / bs, first + 1);
     for (int b = first; b <= last; ++b) {
       const int64_t id = t.block_table[b];
       const int tokens = std::min(bs, len - b * bs);
@@ -373,7 +385,7 @@ void run_decode(const AttentionParams& p, const SparseView* sv) {
     if (sv) t.block_table = sv->table(sv->list(seq, kvh));
     t.row_limit = s.limit.data();
     t.token_begin = begin;
-    t.token_end = std::min(len, begin + part_len);
+    t.token_end = partition_end(len, begin, part_len);
     if (parts == 1) {
       t.acc = s.acc.data();
       t.row_max = s.row_max.data();
@@ -410,7 +422,7 @@ void run_prefill(const AttentionParams& p, const SparseView* sv) {
   const auto tiles_of = [&](int tile_tokens) {
     int64_t n = 0;
     for (int s = 0; s < p.num_seqs; ++s)
-      n += (p.cu_seqlens_q[s + 1] - p.cu_seqlens_q[s] + tile_tokens - 1) / tile_tokens;
+      n += (int64_t{p.cu_seqlens_q[s + 1]} - p.cu_seqlens_q[s] + tile_tokens - 1) / tile_tokens;
     return n;
   };
   int tile_tokens = std::max(1, kPrefillRows / group);
@@ -432,7 +444,7 @@ void run_prefill(const AttentionParams& p, const SparseView* sv) {
   std::vector<Tile> tiles;
   for (int s = 0; s < p.num_seqs; ++s) {
     const int q_len = p.cu_seqlens_q[s + 1] - p.cu_seqlens_q[s];
-    for (int i = 0; i < q_len; i += tile_tokens) tiles.push_back({s, i});
+    for (int64_t i = 0; i < q_len; i += tile_tokens) tiles.push_back({s, static_cast<int>(i)});
   }
   std::stable_sort(tiles.begin(), tiles.end(), [&](const Tile& a, const Tile& b) {
     const auto depth = [&](const Tile& t) {

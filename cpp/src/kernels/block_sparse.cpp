@@ -49,7 +49,7 @@ SparseView::SparseView(const AttentionParams& p, const BlockSparseParams& s)
   for (int32_t l = 0; l < s.num_lists; ++l) {
     const int32_t seq = per_head_ ? l / kv_heads_ : l;
     const int32_t len = p.context_lens[seq];
-    const int32_t used = (len + block_size_ - 1) / block_size_;
+    const int64_t used = (int64_t{len} + block_size_ - 1) / block_size_;  // int64: len ~ 2^31
     const int32_t* row = p.block_tables + static_cast<int64_t>(seq) * p.block_table_stride;
     const int32_t begin = s.indptr[l], end = s.indptr[l + 1];
     for (int32_t j = begin; j < end; ++j) {
@@ -82,7 +82,9 @@ int32_t SparseView::compact_limit(int l, int32_t limit) const {
   const int32_t* first = indices_ + indptr_[l];
   const int32_t* last = indices_ + indptr_[l + 1];
   const int32_t k = static_cast<int32_t>(
-      std::lower_bound(first, last, (limit + block_size_ - 1) / block_size_) - first);
+      std::lower_bound(first, last,
+                       static_cast<int32_t>((int64_t{limit} + block_size_ - 1) / block_size_)) -
+      first);
   if (k == 0) return 0;
   const int32_t top = first[k - 1];
   return std::min(length(l), (k - 1) * block_size_ + std::min(block_size_, limit - top * block_size_));

@@ -36,10 +36,13 @@ std::vector<CrossTile> plan_tiles(const AttentionParams& p, const int32_t* range
                                   int tile_tokens) {
   std::vector<CrossTile> tiles;
   for (int s = 0; s < p.num_seqs; ++s) {
-    for (int i = p.cu_seqlens_q[s]; i < p.cu_seqlens_q[s + 1]; i += tile_tokens) {
-      CrossTile t{s, i, std::min(tile_tokens, p.cu_seqlens_q[s + 1] - i), p.context_lens[s], 0};
+    for (int64_t i = p.cu_seqlens_q[s]; i < p.cu_seqlens_q[s + 1]; i += tile_tokens) {
+      const int first = static_cast<int>(i);
+      CrossTile t{s, first, std::min(tile_tokens, p.cu_seqlens_q[s + 1] - first),
+                  p.context_lens[s], 0};
       for (int k = 0; k < t.count; ++k) {
-        const int lo = ranges[2 * (i + k)], hi = ranges[2 * (i + k) + 1];
+        const int64_t r = 2 * (i + k);
+        const int lo = ranges[r], hi = ranges[r + 1];
         if (lo >= hi) continue;
         t.begin = std::min(t.begin, lo);
         t.end = std::max(t.end, hi);
@@ -73,8 +76,8 @@ void load_tile(const AttentionParams& p, const int32_t* ranges, const CrossTile&
     const int token = tile.first + k;
     load_query(p, token, kvh * group, group, qmul, s.q.data() + k * group * hd);
     for (int g = 0; g < group; ++g) {
-      s.start[k * group + g] = ranges[2 * token];
-      s.limit[k * group + g] = ranges[2 * token + 1];
+      s.start[k * group + g] = ranges[2 * static_cast<int64_t>(token)];
+      s.limit[k * group + g] = ranges[2 * static_cast<int64_t>(token) + 1];
     }
   }
 }
@@ -93,7 +96,9 @@ void run_cross(const AttentionParams& p, const int32_t* ranges) {
   const int64_t pairs = static_cast<int64_t>(tiles.size()) * kvh_count;
   const int max_span = std::max(tiles.front().end - tiles.front().begin, 0);  // widest first
   const int part_len = partition_len(pairs, max_span);
-  const int parts = std::max(1, (max_span + part_len - 1) / part_len);
+  // int64 sums: a span near 2^31 overflowed them.
+  const int parts =
+      static_cast<int>(std::max<int64_t>(1, (int64_t{max_span} + part_len - 1) / part_len));
 
   // Split-K partials: [pairs, parts, tile rows] x (max, sum, acc[hd]), rows padded to the
   // largest tile's.
@@ -109,9 +114,11 @@ void run_cross(const AttentionParams& p, const int32_t* ranges) {
     const CrossTile& tile = tiles[pair / kvh_count];
     const int kvh = static_cast<int>(pair % kvh_count);
     const int rows = tile.count * group;
-    const int begin = tile.begin + part * part_len;
-    const int end = std::min(tile.end, begin + part_len);
-    if (parts > 1 && begin >= end) return;  // an empty partition: its partials stay (-inf, 0)
+    // int64: a tile's begin plus the widest span's partition offsets can pass INT32_MAX.
+    const int64_t begin64 = tile.begin + static_cast<int64_t>(part) * part_len;
+    if (parts > 1 && begin64 >= tile.end) return;  // an empty partition: partials stay (-inf, 0)
+    const int begin = static_cast<int>(begin64);
+    const int end = static_cast<int>(std::min<int64_t>(tile.end, begin64 + part_len));
     AttentionScratch& s = thread_scratch();
     s.resize(rows, hd);
     AttendTask t = make_task(p, tile.seq, kvh, s.q.data(), rows);

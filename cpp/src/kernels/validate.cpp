@@ -99,8 +99,9 @@ void check_context(const AttentionParams& p, int32_t s, bool check_tables) {
                                      << "] (max_blocks_per_seq * block_size)");
   if (!check_tables) return;
   const int32_t* row = p.block_tables + static_cast<int64_t>(s) * p.block_table_stride;
-  const int32_t used = (len + p.cache.block_size - 1) / p.cache.block_size;
-  for (int32_t b = 0; b < used; ++b) {
+  // int64: len + block_size - 1 overflows int32 for a context near 2^31 (no entry was checked).
+  const int64_t used = (int64_t{len} + p.cache.block_size - 1) / p.cache.block_size;
+  for (int64_t b = 0; b < used; ++b) {
     PAGEDLLM_CHECK_INDEX(row[b] >= 0 && row[b] < p.cache.num_blocks,
                          "block_tables[" << s << "][" << b << "] = " << row[b]
                                          << " is outside the pool [0, " << p.cache.num_blocks
