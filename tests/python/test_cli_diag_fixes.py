@@ -349,3 +349,21 @@ def test_usage_md_lists_every_finish_reason_of_request_success():
     reasons = row.split("|")[3]
     for reason in ("stop", "length", "abort", "error"):
         assert reason in reasons, row
+
+
+def test_bench_exits_1_naming_the_failed_requests(capsys, tmp_path, monkeypatch,
+                                                  poisoned_generate):
+    # bench printed its figures and exited 0 when requests failed.
+    from pagedllm.commands import bench
+
+    monkeypatch.setattr(bench, "build_engine", generate.build_engine)  # the poisoned one
+    f = tmp_path / "w.jsonl"
+    f.write_text("".join(json.dumps({"prompt": p, "max_tokens": 3}) + "\n"
+                         for p in (GOOD, BAD, GOOD)))
+    code, out, err = run_cli(capsys, "bench", *ENGINE, "--check-numerics", "fail", "--file", f,
+                             "--no-progress", "--json", tmp_path / "b.json")
+    assert code == 1, err
+    assert "3 in " in out and "1 failed (counted in every figure)" in out, out
+    failures = [l for l in err.splitlines() if l.startswith("pagedllm: error: ")]
+    assert len(failures) == 1 and " failed: numeric check: NaN/Inf" in failures[0], err
+    assert json.loads((tmp_path / "b.json").read_text())["num_failed"] == 1

@@ -27,7 +27,8 @@ from pagedllm.commands.bench_workload import (BenchRequest, assign_arrivals, fro
                                               percentiles, synthetic)
 from pagedllm.commands.common import (CliError, UsageError, add_engine_args, add_trace_arg,
                                       build_engine, check_output_file, end_run, engine_config,
-                                      make_sampling_params, positive_int, start_trace)
+                                      make_sampling_params, positive_int, report_failures,
+                                      request_failure, start_trace)
 from pagedllm.commands.stats_file import add_stats_file_arg, check_stats_file, open_stats_file
 
 NAME = "bench"
@@ -168,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
                 json.dump(results, f, indent=2)
         except OSError as e:
             raise CliError(f"cannot write {args.json!r}: {e.strerror} (check --json)") from None
-    return 0
+    return report_failures({f"request {rid}": why for rid, out in finished.items()
+                            if (why := request_failure(out)) is not None})
 
 
 def summarize(outputs: list, duration: float, samples: List[tuple], kv: dict) -> dict:
@@ -191,6 +193,7 @@ def summarize(outputs: list, duration: float, samples: List[tuple], kv: dict) ->
     queries = kv.get("prefix_cache_queries", 0)
     return {
         "num_requests": len(outputs), "duration_s": duration,
+        "num_failed": sum(request_failure(out) is not None for out in outputs),
         "requests_per_s": len(outputs) / duration if duration > 0 else 0.0,
         "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
         "output_tokens_per_s": output_tokens / duration if duration > 0 else 0.0,
@@ -214,7 +217,9 @@ def format_results(r: dict) -> str:
 
     rows = [
         ("requests", f"{r['num_requests']} in {r['duration_s']:.2f} s "
-                     f"({r['requests_per_s']:.2f} req/s, {r['num_steps']} steps)"),
+                     f"({r['requests_per_s']:.2f} req/s, {r['num_steps']} steps)"
+                     + (f", {r['num_failed']} failed (counted in every figure)"
+                        if r.get("num_failed") else "")),
         ("tokens", f"{r['prompt_tokens']} prompt, {r['output_tokens']} generated"),
         ("throughput", f"{r['output_tokens_per_s']:.1f} output tok/s, "
                        f"{r['total_tokens_per_s']:.1f} total tok/s"),
