@@ -157,6 +157,36 @@ TEST_P(FusedOps, RotaryInPlaceOnStridedHeads) {
   }
 }
 
+// Heads before tokens in memory ([heads, tokens, head_dim] seen as [tokens, heads, head_dim]):
+// the token stride is head_dim, smaller than a token's heads, and that is fine.
+TEST_P(FusedOps, RotaryInPlaceOnHeadMajorLayout) {
+  const int tokens = 3, heads = 2, d = 8, half = d / 2;
+  auto x = randn(size_t(tokens) * heads * d, 5);
+  const auto x0 = x;
+  const auto cos = randn(size_t(tokens) * d, 6), sin = randn(cos.size(), 7);
+  pk::RotaryParams p;
+  p.x = x.data();
+  p.x_token_stride = d;
+  p.x_head_stride = int64_t{tokens} * d;
+  p.cos = cos.data();
+  p.sin = sin.data();
+  p.cos_token_stride = p.sin_token_stride = d;
+  p.num_tokens = tokens;
+  p.num_heads = heads;
+  p.head_dim = d;
+  pk::rotary_embedding(p);
+  for (int h = 0; h < heads; ++h) {
+    for (int t = 0; t < tokens; ++t) {
+      for (int i = 0; i < d; ++i) {
+        const size_t at = (size_t(h) * tokens + t) * d + i;
+        const size_t pair = i < half ? at + half : at - half;
+        const float ref = x0[at] * cos[size_t(t) * d + i] + x0[pair] * sin[size_t(t) * d + i];
+        ASSERT_EQ(x[at], ref) << "t " << t << " h " << h << " i " << i;
+      }
+    }
+  }
+}
+
 TEST_P(FusedOps, ArgmaxFirstMaximumAndNonFiniteRows) {
   const int rows = 70, cols = 4099;  // a tail; enough rows for the pool
   auto x = randn(size_t(rows) * cols, 3);
@@ -224,6 +254,19 @@ TEST(FusedOpsChecks, BadParamsThrowBeforeWriting) {
   r.num_heads = 2;
   r.head_dim = 7;
   EXPECT_THROW(pk::rotary_embedding(r), pagedllm::Error);
+  // Overlapping heads, in either dim order, are refused.
+  r.head_dim = 4;
+  r.x_token_stride = 8;
+  r.x_head_stride = 2;  // < head_dim
+  r.cos_token_stride = r.sin_token_stride = 4;
+  EXPECT_THROW(pk::rotary_embedding(r), pagedllm::Error);
+  r.num_tokens = 2;
+  r.x_token_stride = 4;
+  r.x_head_stride = 4;  // token 1's head 0 is token 0's head 1
+  EXPECT_THROW(pk::rotary_embedding(r), pagedllm::Error);
+  r.x_head_stride = 6;  // head-major, but the 2 tokens (8 elements) do not fit under 6
+  EXPECT_THROW(pk::rotary_embedding(r), pagedllm::Error);
+  EXPECT_EQ(x, std::vector<float>(16, 1.0f));
   pk::ArgmaxParams a;
   a.rows = 1;
   a.cols = 0;

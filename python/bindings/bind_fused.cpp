@@ -165,7 +165,9 @@ void bind_fused_kernels(py::module_& m) {
   m.def("silu_and_mul", &silu_and_mul, py::arg("out"), py::arg("x"),
         "out [rows, f] = silu(x[:, :f]) * x[:, f:] for x [rows, 2 f], float32 or bfloat16.");
   m.def("rotary_embedding", &rotary_embedding, py::arg("x"), py::arg("cos"), py::arg("sin"),
-        "RoPE in place on x [num_tokens, heads, head_dim] (any token / head strides): "
+        "RoPE in place on x [num_tokens, heads, head_dim] (head_dim contiguous; the token and "
+        "head dims may lie in memory in either order, e.g. a [heads, tokens, head_dim] tensor "
+        "transposed, as long as no two heads overlap): "
         "x = x * cos + swap_halves(x) * sin with cos / sin [num_tokens, (1,) head_dim] "
         "(sin's first half negated: pagedllm.model.rope's tables); float32 or bfloat16.");
   m.def("argmax_rows", &argmax_rows, py::arg("x"), py::arg("index"), py::arg("max_value"),

@@ -171,6 +171,27 @@ def test_rotary_against_float64_rotation(engine):
     assert torch.allclose(y.double(), ref, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_on_a_transposed_head_major_tensor(engine, dtype):
+    """[heads, tokens, head_dim] transposed to [tokens, heads, head_dim]: the token stride
+    (head_dim) is below a token's heads, yet no two heads overlap; it used to be refused."""
+    base = _randn(4, 5, 16, seed=3, dtype=dtype)          # [heads, tokens, head_dim]
+    x = base.transpose(0, 1)                              # [tokens, heads, head_dim] view
+    assert x.stride() == (16, 80, 1)
+    cos, sin = _tables(5, 16, dtype, seed=4)
+    expected = RotaryEmbedding.apply(x.contiguous(), cos, sin)
+    _core.rotary_embedding(x, cos, sin)
+    assert torch.equal(x, expected) and x.data_ptr() == base.data_ptr()
+    y = torch.zeros(2, 3, 8).transpose(0, 1)              # the audit's case
+    _core.rotary_embedding(y, torch.ones(3, 8), torch.zeros(3, 8))
+
+
+def test_rotary_refuses_overlapping_heads():
+    x = torch.zeros(32).as_strided((3, 2, 8), (4, 8, 1))  # token 1 starts inside token 0
+    with pytest.raises(ValueError, match="x's token stride 4 overlaps the 8 elements inside it"):
+        _core.rotary_embedding(x, torch.ones(3, 8), torch.zeros(3, 8))
+
+
 def test_rotary_zero_tokens_and_heads(engine):
     _core.rotary_embedding(torch.empty(0, 4, 8), torch.empty(0, 1, 8), torch.empty(0, 1, 8))
     _core.rotary_embedding(torch.empty(2, 0, 8), torch.ones(2, 1, 8), torch.ones(2, 1, 8))

@@ -54,7 +54,8 @@ struct SiluAndMulParams {
 // before the sum (torch's mul, mul, add).
 struct RotaryParams {
   ScalarType dtype = ScalarType::kFloat32;  // float32 or bfloat16: x and the tables
-  void* x = nullptr;              // [num_tokens, num_heads, head_dim], head_dim contiguous
+  void* x = nullptr;              // [num_tokens, num_heads, head_dim], head_dim contiguous;
+                                  // token and head strides in either order, heads disjoint
   int64_t x_token_stride = 0;     // elements
   int64_t x_head_stride = 0;
   const void* cos = nullptr;      // [num_tokens, head_dim]
