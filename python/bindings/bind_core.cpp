@@ -1,12 +1,15 @@
 // Bindings of the KV-cache core: BlockAllocator, BlockTable (as arrays), PrefixCache hashing
-// and KVCacheManager. Token ids and sequence ids come in as anything numpy can turn into
-// int32 / int64 arrays; batch results go out as numpy arrays written in place (no copies).
+// and KVCacheManager. Token ids and sequence ids come in as anything numpy can turn into an
+// integer array, range-checked into int32 / int64 / uint64 (int_arrays.h: a float or an id
+// outside the type is a ValueError, never truncated); batch results go out as numpy arrays
+// written in place (no copies).
 // These calls take well under a microsecond each, so they keep the GIL (releasing it would
 // cost more than the work).
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "int_arrays.h"
 #include "pagedllm/block_allocator.h"
 #include "pagedllm/error.h"
 #include "pagedllm/kv_cache_manager.h"
@@ -15,10 +18,6 @@ namespace py = pybind11;
 
 namespace pagedllm::python {
 namespace {
-
-using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
-using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
-using U64Array = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
 
 // Checks that `a` is one-dimensional and returns its length.
 int32_t length_1d(const py::array& a, const char* name) {
@@ -139,27 +138,32 @@ void bind_manager(py::module_& m) {
                              [](const KVCacheManager& k) { return k.allocator().num_free(); })
       .def(
           "num_cached_tokens",
-          [](const KVCacheManager& k, I32Array prompt, uint64_t extra_key) {
+          [](const KVCacheManager& k, py::handle prompt_in, uint64_t extra_key) {
+            const auto prompt = int_array<int32_t>(prompt_in, "prompt");
             return k.num_cached_tokens(prompt.data(), length_1d(prompt, "prompt"), extra_key);
           },
           py::arg("prompt"), py::arg("extra_key") = 0)
       .def(
           "can_allocate",
-          [](const KVCacheManager& k, I32Array prompt, uint64_t extra_key, int32_t num_new_tokens) {
+          [](const KVCacheManager& k, py::handle prompt_in, uint64_t extra_key,
+             int32_t num_new_tokens) {
+            const auto prompt = int_array<int32_t>(prompt_in, "prompt");
             return k.can_allocate(prompt.data(), length_1d(prompt, "prompt"), extra_key,
                                   num_new_tokens);
           },
           py::arg("prompt"), py::arg("extra_key") = 0, py::arg("num_new_tokens") = 0)
       .def(
           "allocate",
-          [](KVCacheManager& k, SeqId seq, I32Array prompt, uint64_t extra_key) {
+          [](KVCacheManager& k, SeqId seq, py::handle prompt_in, uint64_t extra_key) {
+            const auto prompt = int_array<int32_t>(prompt_in, "prompt");
             return k.allocate(seq, prompt.data(), length_1d(prompt, "prompt"), extra_key);
           },
           py::arg("seq_id"), py::arg("prompt"), py::arg("extra_key") = 0,
           "Admits seq_id with its cached prefix blocks; returns the number of cached tokens.")
       .def(
           "block_hashes",
-          [](const KVCacheManager& k, I32Array tokens, uint64_t extra_key) {
+          [](const KVCacheManager& k, py::handle tokens_in, uint64_t extra_key) {
+            const auto tokens = int_array<int32_t>(tokens_in, "tokens");
             std::vector<uint64_t> h;
             k.block_hashes(tokens.data(), length_1d(tokens, "tokens"), extra_key, h);
             py::array_t<uint64_t> out(static_cast<py::ssize_t>(h.size()));
@@ -171,8 +175,10 @@ void bind_manager(py::module_& m) {
           "compute once per prompt, pass to query_admission/admit.")
       .def(
           "query_admission",
-          [](const KVCacheManager& k, I32Array tokens, U64Array hashes, uint64_t extra_key,
-             int32_t max_cached_tokens, int32_t want_new_tokens) {
+          [](const KVCacheManager& k, py::handle tokens_in, py::handle hashes_in,
+             uint64_t extra_key, int32_t max_cached_tokens, int32_t want_new_tokens) {
+            const auto tokens = int_array<int32_t>(tokens_in, "tokens");
+            const auto hashes = int_array<uint64_t>(hashes_in, "hashes");
             const auto r = k.query_admission(tokens.data(), length_1d(tokens, "tokens"),
                                              hashes.data(), length_1d(hashes, "hashes"),
                                              extra_key, max_cached_tokens, want_new_tokens);
@@ -184,9 +190,11 @@ void bind_manager(py::module_& m) {
           "the watermark free). No side effects.")
       .def(
           "admit",
-          [](KVCacheManager& k, SeqId seq, I32Array tokens, U64Array hashes, uint64_t extra_key,
-             int32_t max_cached_tokens, int32_t num_new_tokens,
+          [](KVCacheManager& k, SeqId seq, py::handle tokens_in, py::handle hashes_in,
+             uint64_t extra_key, int32_t max_cached_tokens, int32_t num_new_tokens,
              bool cache_new_blocks) -> py::object {
+            const auto tokens = int_array<int32_t>(tokens_in, "tokens");
+            const auto hashes = int_array<uint64_t>(hashes_in, "hashes");
             PAGEDLLM_CHECK_ARG(num_new_tokens >= 0, "admit: num_new_tokens must be >= 0, got "
                                                         << num_new_tokens);
             py::array_t<int64_t> slots(num_new_tokens);
@@ -210,7 +218,8 @@ void bind_manager(py::module_& m) {
       .def("can_append", &KVCacheManager::can_append, py::arg("seq_id"), py::arg("n"))
       .def(
           "append",
-          [](KVCacheManager& k, SeqId seq, I32Array tokens) -> py::object {
+          [](KVCacheManager& k, SeqId seq, py::handle tokens_in) -> py::object {
+            const auto tokens = int_array<int32_t>(tokens_in, "tokens");
             const int32_t n = length_1d(tokens, "tokens");
             py::array_t<int64_t> slots(n);
             std::vector<CowPair> cow;
@@ -222,7 +231,11 @@ void bind_manager(py::module_& m) {
           "out of blocks (nothing changed).")
       .def(
           "append_batch",
-          [](KVCacheManager& k, I64Array seq_ids, I32Array counts, I32Array tokens) -> py::object {
+          [](KVCacheManager& k, py::handle seq_ids_in, py::handle counts_in,
+             py::handle tokens_in) -> py::object {
+            const auto seq_ids = int_array<int64_t>(seq_ids_in, "seq_ids");
+            const auto counts = int_array<int32_t>(counts_in, "counts");
+            const auto tokens = int_array<int32_t>(tokens_in, "tokens");
             const int32_t n = length_1d(seq_ids, "seq_ids");
             PAGEDLLM_CHECK_ARG(length_1d(counts, "counts") == n,
                                "counts has " << counts.shape(0) << " entries, expected " << n
@@ -271,7 +284,8 @@ void bind_manager(py::module_& m) {
           py::arg("seq_id"), "Physical block ids of seq_id in logical order (int32).")
       .def(
           "block_tables",
-          [](const KVCacheManager& k, I64Array seq_ids, int32_t width) {
+          [](const KVCacheManager& k, py::handle seq_ids_in, int32_t width) {
+            const auto seq_ids = int_array<int64_t>(seq_ids_in, "seq_ids");
             const int32_t n = length_1d(seq_ids, "seq_ids");
             if (width < 0) width = k.max_num_blocks(seq_ids.data(), n);
             py::array_t<int32_t> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(width)});

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "bindings.h"
+#include "int_arrays.h"
 #include "pagedllm/block_store.h"
 #include "pagedllm/error.h"
 #ifdef PAGEDLLM_WITH_KERNELS
@@ -25,8 +26,6 @@ namespace py = pybind11;
 namespace pagedllm::python {
 
 namespace {
-
-using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
 BlockKey key_from_bytes(const py::bytes& b, const char* what) {
   char* data = nullptr;
@@ -46,9 +45,17 @@ py::bytes key_to_bytes(const BlockKey& k) {
   return py::bytes(out, 16);
 }
 
-std::vector<TokenId> tokens_of(const I32Array& tokens) {
+// `obj` as a 1-D int32 array of token ids (int_arrays.h: no float, no id outside int32).
+IntArray<TokenId> tokens_array(py::handle obj) {
+  auto tokens = int_array<TokenId>(obj, "tokens");
   PAGEDLLM_CHECK_ARG(tokens.ndim() == 1, "tokens must be a 1-D int32 array, got " << tokens.ndim()
                                                                                   << " dims");
+  PAGEDLLM_CHECK_ARG(tokens.size() <= INT32_MAX, "tokens has too many elements: " << tokens.size());
+  return tokens;
+}
+
+std::vector<TokenId> tokens_of(py::handle obj) {
+  const auto tokens = tokens_array(obj);
   return std::vector<TokenId>(tokens.data(), tokens.data() + tokens.size());
 }
 
@@ -140,7 +147,7 @@ class PyBlockStore {
   std::string path_;
 };
 
-RecordMeta make_meta(const std::string& fingerprint, int32_t block_size, const I32Array& tokens) {
+RecordMeta make_meta(const std::string& fingerprint, int32_t block_size, py::handle tokens) {
   RecordMeta m;
   m.fingerprint = fingerprint;
   m.block_size = block_size;
@@ -154,9 +161,9 @@ void bind_store(py::module_& m) {
   m.attr("ROOT_BLOCK_KEY") = key_to_bytes(kRootKey);
   m.def(
       "block_key",
-      [](const py::bytes& parent, const I32Array& tokens, uint64_t extra_key) {
+      [](const py::bytes& parent, py::handle tokens_in, uint64_t extra_key) {
         const BlockKey p = key_from_bytes(parent, "parent");
-        PAGEDLLM_CHECK_ARG(tokens.ndim() == 1, "tokens must be a 1-D int32 array");
+        const auto tokens = tokens_array(tokens_in);
         return key_to_bytes(block_key(p, tokens.data(), static_cast<int32_t>(tokens.size()), extra_key));
       },
       py::arg("parent"), py::arg("tokens"), py::arg("extra_key") = 0,
@@ -187,7 +194,7 @@ void bind_store(py::module_& m) {
       .def(
           "put",
           [](PyBlockStore& self, const py::bytes& key, const std::string& fingerprint,
-             int32_t block_size, const I32Array& tokens, py::handle payload,
+             int32_t block_size, py::handle tokens, py::handle payload,
              std::optional<py::bytes> parent) {
             auto s = self.get();
             const BlockKey k = key_from_bytes(key, "key");
@@ -206,7 +213,7 @@ void bind_store(py::module_& m) {
       .def(
           "get_into",
           [](PyBlockStore& self, const py::bytes& key, const std::string& fingerprint,
-             int32_t block_size, const I32Array& tokens, py::handle out) {
+             int32_t block_size, py::handle tokens, py::handle out) {
             auto s = self.get();
             const BlockKey k = key_from_bytes(key, "key");
             const RecordMeta meta = make_meta(fingerprint, block_size, tokens);
@@ -222,7 +229,7 @@ void bind_store(py::module_& m) {
       .def(
           "get",
           [](PyBlockStore& self, const py::bytes& key, const std::string& fingerprint,
-             int32_t block_size, const I32Array& tokens) -> py::object {
+             int32_t block_size, py::handle tokens) -> py::object {
             auto s = self.get();
             const BlockKey k = key_from_bytes(key, "key");
             const RecordMeta meta = make_meta(fingerprint, block_size, tokens);
