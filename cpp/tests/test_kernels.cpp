@@ -204,6 +204,51 @@ TEST(KernelValidation, BadBlockIdThrowsBeforeWriting) {
   for (float x : out) ASSERT_EQ(x, 3.0f);
 }
 
+// copy_blocks / swap_blocks copy whole blocks: a pool whose block stride is under a block's
+// bytes has overlapping blocks (an overlapping memcpy) and is refused before any copy.
+TEST(KernelValidation, BlockPoolsWithOverlappingBlocksAreRefused) {
+  std::vector<float> data(16);
+  std::iota(data.begin(), data.end(), 0.0f);
+  const auto before = data;
+  pk::BlockPoolParams pool;
+  pool.data = data.data();
+  pool.num_blocks = 8;
+  pool.block_bytes = 4 * sizeof(float);
+  pool.block_stride_bytes = sizeof(float);  // block i starts one float after block i - 1
+  const int64_t pairs[2] = {0, 1};
+  pk::CopyBlocksParams c;
+  c.pools = &pool;
+  c.num_pools = 1;
+  c.pairs = pairs;
+  c.num_pairs = 1;
+  try {
+    pk::copy_blocks(c);
+    ADD_FAILURE() << "expected an error";
+  } catch (const pagedllm::Error& e) {
+    EXPECT_EQ(e.kind(), pagedllm::ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("caches: its 8 blocks overlap: the block stride is 4 "
+                                         "bytes but a block holds 16 bytes"),
+              std::string::npos)
+        << e.what();
+  }
+  pk::SwapBlocksParams sw;
+  sw.src = pool;
+  sw.dst = pool;
+  sw.dst.data = nullptr;
+  std::vector<float> other(32);
+  sw.dst.data = other.data();
+  sw.dst.block_stride_bytes = sw.dst.block_bytes;
+  sw.pairs = pairs;
+  sw.num_pairs = 1;
+  EXPECT_THROW(pk::swap_blocks(sw), pagedllm::Error);
+  EXPECT_EQ(data, before);
+  pool.block_stride_bytes = pool.block_bytes;  // 4 disjoint blocks of 4 floats
+  pool.num_blocks = 4;
+  pk::copy_blocks(c);
+  EXPECT_EQ(std::vector<float>(data.begin() + 4, data.begin() + 8),
+            std::vector<float>(before.begin(), before.begin() + 4));
+}
+
 // A context of 2^31 - 1 tokens: one block of 256 tokens, a table of 2^23 entries. Block counts
 // derived from it are int64 (len + block_size - 1 overflowed int32: decode checked no table
 // entry and read garbage through -1 ids; sparse calls refused valid lists or saw no token).

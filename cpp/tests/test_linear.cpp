@@ -250,6 +250,39 @@ TEST(LinearArgs, BadParamsThrowBeforeWriting) {
   bad.rows = -1;
   EXPECT_THROW(pk::linear(bad), pagedllm::Error);
   for (float v : y) ASSERT_EQ(v, 3.0f);
+  // y sharing memory with an input it is computed from: packed, x, bias.
+  std::vector<float> packed_copy = packed;
+  const auto message = [](const pk::LinearParams& q) {
+    try {
+      pk::linear(q);
+    } catch (const pagedllm::Error& e) {
+      EXPECT_EQ(e.kind(), pagedllm::ErrorKind::kInvalidArgument);
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "expected an error";
+    return std::string();
+  };
+  bad = p;
+  bad.y = packed.data() + 4;  // inside the packed weight
+  EXPECT_NE(message(bad).find("linear: y (128 bytes at 0x"), std::string::npos) << message(bad);
+  EXPECT_NE(message(bad).find(") overlaps packed ("), std::string::npos);
+  EXPECT_EQ(packed, packed_copy);
+  bad = p;
+  bad.y = x.data() + 31;  // its first element is x's last
+  EXPECT_NE(message(bad).find("overlaps x"), std::string::npos);
+  bad = p;
+  std::vector<float> bias(8, 0.0f);
+  bad.bias = bias.data();
+  bad.y = bias.data();
+  bad.rows = 1;
+  EXPECT_NE(message(bad).find("overlaps bias"), std::string::npos);
+  for (float v : x) ASSERT_EQ(v, 0.0f);
+  for (float v : bias) ASSERT_EQ(v, 0.0f);
+  bad = p;
+  std::vector<float> xy(64, 0.0f);  // y right after x: adjacent, disjoint, allowed
+  bad.x = xy.data();
+  bad.y = xy.data() + 32;
+  EXPECT_NO_THROW(pk::linear(bad));
   EXPECT_THROW(pk::packed_linear_elements(pk::ScalarType::kFloat32, 0, 8), pagedllm::Error);
   EXPECT_THROW(pk::packed_linear_elements(pk::ScalarType::kFloat16, 8, 8), pagedllm::Error);
   pk::PackLinearParams pp;

@@ -152,6 +152,34 @@ def test_block_mapping_rejected():
         _core.swap_blocks(pool, torch.zeros((4, 4)), torch.tensor([[0, 0]], dtype=torch.int32))
 
 
+def test_block_pools_with_overlapping_blocks_rejected():
+    """Blocks closer than their size (an as_strided view) would make copy_blocks an overlapping
+    memcpy; refused before anything is copied."""
+    base = torch.arange(16, dtype=torch.float32)
+    pool = base.as_strided((8, 4), (1, 1))
+    with pytest.raises(ValueError, match="caches: its 8 blocks overlap: the block stride is 4 "
+                                         "bytes but a block holds 16 bytes"):
+        _core.copy_blocks([pool], torch.tensor([[0, 1]]))
+    with pytest.raises(ValueError, match="src: its 8 blocks overlap"):
+        _core.swap_blocks(pool, torch.zeros(8, 4), torch.tensor([[0, 1]]))
+    assert torch.equal(base, torch.arange(16, dtype=torch.float32))
+
+
+def test_linear_output_sharing_an_input_rejected():
+    w = torch.randn(5, 7)
+    packed = torch.zeros(_core.packed_linear_elements("float32", 5, 7))
+    _core.pack_linear_weight(packed, w)
+    before = packed.clone()
+    with pytest.raises(ValueError, match=r"linear: y \(40 bytes at 0x[0-9a-f]+\) overlaps packed"):
+        _core.linear(packed[:10].view(2, 5), torch.randn(2, 7), packed, None)
+    assert torch.equal(packed, before)
+    bias = torch.zeros(5)
+    with pytest.raises(ValueError, match="overlaps bias"):
+        _core.linear(bias.view(1, 5), torch.randn(1, 7), packed, bias)
+    with pytest.raises(ValueError, match="pack_linear_weight: packed .* overlaps weight"):
+        _core.pack_linear_weight(packed, packed[:35].view(5, 7))
+
+
 def test_numpy_inputs_work():
     gen = torch.Generator().manual_seed(2)
     kv = make_paged_kv(gen, [7], 2, 64, 4, "auto", torch.float32)

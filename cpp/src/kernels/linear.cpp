@@ -4,6 +4,7 @@
 #include "pagedllm/kernels/linear.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "engine.h"
@@ -37,6 +38,28 @@ void check_features(const char* what, int64_t out_features, int64_t in_features)
                           << out_features << ", " << in_features << "]");
 }
 
+// Bytes of a [rows, cols] matrix of `es`-byte elements with rows `stride` elements apart, from
+// its first element to past its last; throws when that overflows (a nonsense stride).
+int64_t matrix_bytes(const char* what, const char* name, int64_t rows, int64_t stride,
+                     int64_t cols, int64_t es) {
+  int64_t n = 0;
+  PAGEDLLM_CHECK_ARG(!__builtin_mul_overflow(rows - 1, stride, &n) &&
+                         !__builtin_add_overflow(n, cols, &n) && !__builtin_mul_overflow(n, es, &n),
+                     what << ": " << name << " of " << rows << " rows of stride " << stride
+                          << " overflows the address space");
+  return n;
+}
+
+// Throws when the written range [w, w + wn) and the read range [r, r + rn) share a byte.
+void check_disjoint(const char* what, const char* written, const void* w, int64_t wn,
+                    const char* read, const void* r, int64_t rn) {
+  const auto a = reinterpret_cast<uintptr_t>(w), b = reinterpret_cast<uintptr_t>(r);
+  PAGEDLLM_CHECK_ARG(a + static_cast<uintptr_t>(wn) <= b || b + static_cast<uintptr_t>(rn) <= a,
+                     what << ": " << written << " (" << wn << " bytes at " << w
+                          << ") overlaps " << read << " (" << rn << " bytes at " << r
+                          << "); the output must not share memory with an input");
+}
+
 void validate(const LinearParams& p) {
   check_dtype(p.dtype, "linear");
   check_features("linear", p.out_features, p.in_features);
@@ -49,6 +72,14 @@ void validate(const LinearParams& p) {
   PAGEDLLM_CHECK_ARG(p.rows == 1 || p.y_row_stride >= p.out_features,
                      "linear: y row stride " << p.y_row_stride << " must be >= out_features "
                                              << p.out_features);
+  // y is written while x, the packed weight and the bias are still being read.
+  const int64_t es = p.dtype == ScalarType::kFloat32 ? 4 : 2;
+  const int64_t y_bytes = matrix_bytes("linear", "y", p.rows, p.y_row_stride, p.out_features, es);
+  check_disjoint("linear", "y", p.y, y_bytes, "x", p.x,
+                 matrix_bytes("linear", "x", p.rows, p.x_row_stride, p.in_features, es));
+  check_disjoint("linear", "y", p.y, y_bytes, "packed", p.packed,
+                 packed_linear_elements(p.dtype, p.out_features, p.in_features) * es);
+  if (p.bias) check_disjoint("linear", "y", p.y, y_bytes, "bias", p.bias, p.out_features * es);
 }
 
 // ---- portable tiles -------------------------------------------------------------------------
@@ -142,6 +173,12 @@ void pack_linear_weight(const PackLinearParams& p) {
                      "pack_linear_weight: weight row stride " << p.weight_row_stride
                                                               << " must be >= in_features "
                                                               << p.in_features);
+  const int64_t es = p.dtype == ScalarType::kFloat32 ? 4 : 2;
+  check_disjoint("pack_linear_weight", "packed", p.packed,
+                 packed_linear_elements(p.dtype, p.out_features, p.in_features) * es, "weight",
+                 p.weight,
+                 matrix_bytes("pack_linear_weight", "weight", p.out_features, p.weight_row_stride,
+                              p.in_features, es));
   const int64_t panels = (p.out_features + kLinearPanel - 1) / kLinearPanel;
   const int64_t depth = packed_depth(p.dtype, p.in_features);
   const int64_t per_panel = packed_panel_elements(p.dtype, p.in_features);

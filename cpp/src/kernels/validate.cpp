@@ -44,6 +44,12 @@ void validate_block_pool(const BlockPoolParams& b, const char* name) {
   PAGEDLLM_CHECK_ARG(b.num_blocks >= 0, name << ": num_blocks must be >= 0, got " << b.num_blocks);
   PAGEDLLM_CHECK_ARG(b.block_bytes > 0, name << ": a block must hold at least one byte");
   PAGEDLLM_CHECK_ARG(b.data != nullptr || b.num_blocks == 0, name << ": data is null");
+  // A block is copied whole (block_bytes from block_id * block_stride_bytes): blocks closer
+  // than that overlap, and a copy would read and write the same bytes.
+  PAGEDLLM_CHECK_ARG(b.num_blocks <= 1 || b.block_stride_bytes >= b.block_bytes,
+                     name << ": its " << b.num_blocks << " blocks overlap: the block stride is "
+                          << b.block_stride_bytes << " bytes but a block holds " << b.block_bytes
+                          << " bytes (the block dimension's stride must cover a whole block)");
 }
 
 void validate_cache(const KVCacheParams& c) {

@@ -33,7 +33,8 @@ void validate_reshape_and_cache(const ReshapeAndCacheParams& p);
 // Sizes, pointers and eps of rms_norm (eps finite and >= 0, strides >= cols).
 void validate_rms_norm(const RMSNormParams& p);
 
-// One block pool: non-negative size, a positive block size, data unless empty.
+// One block pool: non-negative size, a positive block size, data unless empty, blocks that do
+// not overlap (stride >= block bytes).
 void validate_block_pool(const BlockPoolParams& b, const char* name);
 
 // Pool sizes and pair ids; copy: destinations distinct and not sources.

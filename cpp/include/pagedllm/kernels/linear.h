@@ -46,7 +46,8 @@ struct LinearParams {
   int32_t out_features = 0;                 // >= 1, as packed
   const void* packed = nullptr;             // pack_linear_weight's output
   const void* bias = nullptr;               // [out_features] or null
-  void* y = nullptr;                        // [rows, out_features]; must not overlap x
+  void* y = nullptr;                        // [rows, out_features]; must not overlap x,
+                                            // packed or bias (checked)
   int64_t y_row_stride = 0;                 // elements, >= out_features
 };
 
@@ -54,10 +55,12 @@ struct LinearParams {
 // dtype other than float32 / bfloat16 or a non-positive size.
 int64_t packed_linear_elements(ScalarType dtype, int64_t out_features, int64_t in_features);
 
-// Writes the packed form of p.weight to p.packed (see the layout above).
+// Writes the packed form of p.weight to p.packed (see the layout above). Throws, writing
+// nothing, on bad sizes or strides, or when packed overlaps weight.
 void pack_linear_weight(const PackLinearParams& p);
 
-// y = x W^T (+ bias), see LinearParams.
+// y = x W^T (+ bias), see LinearParams. Throws, writing nothing, on bad sizes or strides, or
+// when y overlaps x, packed or bias.
 void linear(const LinearParams& p);
 
 // The kernel linear() runs for dtype on this CPU: "avx512", "avx512_bf16", "avx2" or "generic".
