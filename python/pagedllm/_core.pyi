@@ -7,6 +7,9 @@ import numpy.typing as npt
 
 __version__: str
 
+# Integer arguments: a sequence of ints or an integer array (numpy, a CPU torch tensor). Values
+# are range-checked into the C++ type (token ids int32, sequence ids int64, hashes uint64) and a
+# float, bool or out-of-range value raises ValueError: nothing is rounded or wrapped.
 IntArray = Union[Sequence[int], npt.NDArray[np.integer]]
 
 def build_info() -> dict[str, Any]:
@@ -163,8 +166,25 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
     """key/value: [num_tokens, num_kv_heads, head_dim]; slot_mapping: [num_tokens] int32/int64,
     slot = block * block_size + offset, -1 skips the token. fp8 stores x / scale, saturated."""
 def rms_norm(out: Tensor, x: Tensor, weight: Tensor, eps: float) -> None:
-    """out = weight * x / sqrt(mean(x^2, last dim) + eps); float32 x/out [rows, cols] (last dim
-    contiguous; out may be x), weight [cols]."""
+    """out = weight * x / sqrt(mean(x^2, last dim) + eps) for x/out [rows, cols] (last dim
+    contiguous; out may be x) and weight [cols], all float32 or all bfloat16 (the normalised
+    row is rounded before the weight, as transformers does)."""
+def fused_add_rms_norm(out: Tensor, x: Tensor, delta: Optional[Tensor], weight: Tensor,
+                       eps: float) -> None:
+    """x += delta in place (the residual stream), then out = rms_norm(x); float32 or bfloat16
+    [rows, cols] (last dim contiguous); delta None: a plain rms_norm."""
+def silu_and_mul(out: Tensor, x: Tensor) -> None:
+    """out [rows, f] = silu(x[:, :f]) * x[:, f:] for x [rows, 2 f]; float32 or bfloat16."""
+def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor) -> None:
+    """RoPE in place on x [num_tokens, heads, head_dim] (head_dim contiguous and even; the
+    token and head dims may lie in memory in either order, e.g. a transposed
+    [heads, tokens, head_dim] tensor, as long as no two heads overlap):
+    x = x * cos + swap_halves(x) * sin with cos / sin [num_tokens, (1,) head_dim] (sin's first
+    half negated: pagedllm.model.rope's tables); float32 or bfloat16."""
+def argmax_rows(x: Tensor, index: Tensor, max_value: Tensor) -> int:
+    """Per row of float32 x [rows, cols]: index (int64 [rows]) of its first maximum and
+    max_value (float32 [rows]; NaN if the row holds one). Returns how many rows have a maximum
+    that is not a finite float above the lowest one."""
 def paged_attention_decode(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor,
                            block_tables: Tensor, context_lens: Tensor, scale: float,
                            kv_cache_dtype: str = "auto", k_scale: float = 1.0,
@@ -194,6 +214,14 @@ def paged_attention_prefill_sparse(out: Tensor, query: Tensor, key_cache: Tensor
                                    kv_cache_dtype: str = "auto", k_scale: float = 1.0,
                                    v_scale: float = 1.0) -> None:
     """paged_attention_prefill over the listed blocks only (CSR as for decode)."""
+def paged_cross_attention(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor,
+                          block_tables: Tensor, cu_seqlens_q: Tensor, context_lens: Tensor,
+                          kv_ranges: Tensor, scale: float, kv_cache_dtype: str = "auto",
+                          k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Non-causal cross-attention (Mllama) of packed query tokens [num_tokens, num_heads,
+    head_dim] over their sequences' paged cross K/V: token i attends cross positions
+    kv_ranges[i, 0] <= j < kv_ranges[i, 1] (int32 [num_tokens, 2]; an empty range gives a zero
+    row); cu_seqlens_q / context_lens as for paged_attention_prefill."""
 def quest_select(query: Tensor, key_min: Tensor, key_max: Tensor, block_tables: Tensor,
                  num_seq_blocks: Tensor, budget: Tensor, forced_indptr: Tensor,
                  forced_indices: Tensor, out_indptr: Tensor, out_indices: Tensor,
@@ -203,7 +231,8 @@ def quest_select(query: Tensor, key_min: Tensor, key_max: Tensor, block_tables: 
     blocks (0: the forced list), sorted, written into out_indices at out_indptr."""
 def copy_blocks(caches: Sequence[Tensor], block_mapping: Tensor) -> None:
     """Copies block src -> dst (block_mapping int32/int64 [k, 2]) in every tensor of caches
-    (first dim blocks). Destinations must be distinct and not also sources."""
+    (first dim blocks, whose stride must cover a whole block). Destinations must be distinct
+    and not also sources."""
 def swap_blocks(src: Tensor, dst: Tensor, block_mapping: Tensor) -> None:
     """Copies block src of `src` to block dst of `dst` for each (src, dst) row of block_mapping."""
 def set_num_threads(n: int) -> None:
@@ -241,7 +270,8 @@ def pack_linear_weight(packed: Tensor, weight: Tensor) -> None:
     elements of the same dtype) for linear()."""
 def linear(y: Tensor, x: Tensor, packed: Tensor, bias: Optional[Tensor]) -> None:
     """y [rows, out_features] = x [rows, in_features] @ W.T (+ bias), W packed by
-    pack_linear_weight; float32 or bfloat16, float32 sums, y rounded once."""
+    pack_linear_weight; float32 or bfloat16, float32 sums, y rounded once. y must not share
+    memory with x, packed or bias (ValueError)."""
 def linear_kernel(dtype: str) -> str:
     """The tile loops linear() runs for dtype: "avx512", "avx512_bf16", "avx2" or "generic"
     (they follow set_cpu_engine)."""
