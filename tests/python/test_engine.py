@@ -163,6 +163,9 @@ def test_request_that_can_never_fit_is_rejected_while_others_go_on(engine_model_
         eng.add_request("huge", {"prompt_token_ids": list(range(3, 130))}, greedy())
     with pytest.raises(ValueError, match="outside the vocabulary"):
         eng.add_request("bad", {"prompt_token_ids": [5, 99999]}, greedy())
+    # -1 was let through as if it were an Mllama image token, and its step failed a, b with it
+    with pytest.raises(ValueError, match="prompt token id -1 is outside the vocabulary"):
+        eng.add_request("minus-one", {"prompt_token_ids": [5, -1]}, greedy())
     done = {}
     while eng.has_unfinished_requests():
         for o in eng.step():

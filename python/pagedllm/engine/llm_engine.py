@@ -225,7 +225,7 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if not ids:
             raise ValueError(f"request {request_id}: the prompt is empty")
-        image = self.images.mllama.image_token_id if self.images.mllama is not None else -1
+        image = self.images.mllama.image_token_id if self.images.mllama is not None else None
         bad = [t for t in ids if not 0 <= t < vocab and t != image]  # Mllama's past the vocab
         if bad:
             raise ValueError(f"request {request_id}: prompt token id {bad[0]} is outside the "
