@@ -89,14 +89,28 @@ def test_shards_and_half_precision_files_load_to_the_same_weights(good, tmp_path
 
 def test_tied_embeddings_and_tolerated_extras(ckpt):
     _edit_config(ckpt, tie_word_embeddings=True)
-    # a tied checkpoint may still carry lm_head.weight (ignored, as transformers does) and old
-    # exports carry rotary_emb.inv_freq buffers
+    # a tied checkpoint may still carry lm_head.weight equal to the embedding (skipped, as
+    # transformers does) and old exports carry rotary_emb.inv_freq buffers
     _edit_weights(ckpt, lambda t: t.update({
-        "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)}))
+        "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8),
+        "lm_head.weight": t["model.embed_tokens.weight"].clone()}))
     model, config = load_model(ckpt)
     assert config.tie_word_embeddings and model.lm_head is None
     assert model.lm_head_weight is model.embed_tokens.weight
     assert "lm_head.weight" not in dict(model.named_parameters())
+
+
+def test_tied_config_with_a_different_lm_head_loads_it_untied(ckpt, caplog):
+    # A fine-tune that kept a trained head under the base model's tied config: the embedding
+    # was used as the head (every token differed from transformers'); transformers keeps the
+    # file's head, with a warning, and so does pagedllm now.
+    head = load_file(os.path.join(ckpt, "model.safetensors"))["lm_head.weight"]
+    _edit_config(ckpt, tie_word_embeddings=True)
+    with caplog.at_level("WARNING", logger="pagedllm"):
+        model, config = load_model(ckpt, prepack=False)
+    assert not config.tie_word_embeddings and model.lm_head is not None
+    assert torch.equal(model.lm_head.weight, head)
+    assert any("differs from 'model.embed_tokens.weight'" in r.getMessage() for r in caplog.records)
 
 
 def _drop(name):

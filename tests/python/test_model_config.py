@@ -84,6 +84,9 @@ def test_hf_dict_round_trip_and_transformers_accepts_it():
     ({"head_dim": 33}, "head_dim"),
     ({"eos_token_id": 5000}, "5000"),
     ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    # was accepted, then every quantized tensor refused as an odd dtype or name
+    ({"quantization_config": {"quant_method": "fp8"}}, "quantized checkpoints are not supported"),
+    ({"hidden_act": ["silu"]}, "hidden_act"),
 ])
 def test_bad_configs_are_refused_naming_the_field(tmp_path, change, words):
     d = {**BASE, **change}
@@ -121,3 +124,8 @@ def test_preset_sizes():
         256, 4, 8, 2, 688, 4096)
     with pytest.raises(ValueError, match="unknown preset"):
         random_config("huge")
+
+
+def test_swish_is_silu_as_in_transformers():
+    assert ModelConfig.from_dict({**BASE, "hidden_act": "swish"}).hidden_act == "silu"
+    assert ModelConfig.from_dict({k: v for k, v in BASE.items() if k != "hidden_act"}).hidden_act == "silu"

@@ -23,6 +23,11 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
+def _activation(name):
+    """config.json's hidden_act with transformers' aliases of SiLU ("swish") as "silu"."""
+    return "silu" if name == "swish" else name
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """RoPE frequency scaling. `rope_type` is "linear" or "llama3".
@@ -184,6 +189,12 @@ class ModelConfig:
             head_dim = hidden // heads
         max_pos = _as_int("max_position_embeddings", d.get("max_position_embeddings", 2048))
         rope_theta, rope_scaling = _parse_rope(d, max_pos)
+        quant = d.get("quantization_config")
+        if quant is not None:  # its tensors would be refused one by one as odd dtypes or names
+            method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+            raise ValueError(f"quantization_config (quant_method {method!r}): quantized "
+                             "checkpoints are not supported; use the unquantized (fp32, fp16 or "
+                             "bf16) weights")
         partial = d.get("partial_rotary_factor", 1.0)
         if partial != 1.0:
             raise ValueError(f"partial_rotary_factor = {partial!r}: only 1.0 is supported "
@@ -219,7 +230,7 @@ class ModelConfig:
             bos_token_id=None if bos is None else _as_int("bos_token_id", bos),
             eos_token_ids=eos_ids,
             checkpoint_dtype=d.get("torch_dtype", d.get("dtype")),
-            hidden_act=d.get("hidden_act", "silu"),
+            hidden_act=_activation(d.get("hidden_act", "silu")),
         )
 
     @classmethod

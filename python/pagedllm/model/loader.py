@@ -15,12 +15,16 @@ config implies many more tensors and parameters than the files hold (num_hidden_
 in a 2-layer checkpoint) the load stops with a one-line summary before the expected-tensor
 table is built.
 
-Tolerated and skipped: `lm_head.weight` of a tied-embedding checkpoint (as transformers does,
-the embedding is used; its shape is still checked) and `*.rotary_emb.inv_freq` buffers.
+A tied-embedding checkpoint (tie_word_embeddings = true) that also holds an `lm_head.weight`:
+equal to the embedding, it is skipped (its shape still checked); different (a fine-tune that kept
+a trained head under the base model's config), it is loaded untied with a warning, as
+transformers does. `*.rotary_emb.inv_freq` buffers are skipped.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import re
 from typing import Optional
@@ -33,9 +37,12 @@ from pagedllm.model.llama import LlamaForCausalLM
 from pagedllm.model.llava_loader import maybe_load_llava
 from pagedllm.model.mllama_loader import maybe_load_mllama
 from pagedllm.model.safetensors_files import (INDEX_FILE, SUPPORTED_MODEL_DTYPES, USABLE_DTYPES,
-                                              TensorInfo, fill, scan, weight_files)
+                                              TensorInfo, fill, same_values, scan,
+                                              weight_files)
 from pagedllm.model.weight_names import (IGNORED_SUFFIXES, TensorSlot, expected_tensor_count,
                                          expected_tensors)
+
+logger = logging.getLogger("pagedllm")
 
 _MAX_LISTED = 12
 
@@ -96,6 +103,7 @@ def inspect_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, 
     config = ModelConfig.from_dir(path)
     files, index_map = weight_files(path)
     found = scan(files)
+    config = _untie_if_distinct(path, config, found)
     _check_size(path, config, found)
     slots = expected_tensors(config)
     _validate(path, config, slots, found, index_map)
@@ -103,6 +111,21 @@ def inspect_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, 
     for name in slots:
         by_file.setdefault(found[name].file, []).append(name)
     return config, slots, by_file
+
+
+def _untie_if_distinct(path: str, config: ModelConfig,
+                       found: dict[str, TensorInfo]) -> ModelConfig:
+    """`config` untied when it ties the embeddings but the files hold an lm_head.weight of the
+    same shape with other values (transformers then keeps the file's head, with a warning);
+    else `config` as it is."""
+    head, embed = "lm_head.weight", "model.embed_tokens.weight"
+    if (not config.tie_word_embeddings or head not in found or embed not in found
+            or found[head].shape != found[embed].shape or same_values(found, head, embed)):
+        return config
+    logger.warning("%s: config.json has tie_word_embeddings = true, but %r differs from %r: "
+                   "loading it as a separate output layer (as transformers does)", path, head,
+                   embed)
+    return dataclasses.replace(config, tie_word_embeddings=False)
 
 
 def _check_size(path: str, config: ModelConfig, found: dict[str, TensorInfo]) -> None:

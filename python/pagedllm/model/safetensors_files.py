@@ -73,6 +73,29 @@ def weight_files(path: str) -> tuple[list[str], Optional[dict[str, str]]]:
     raise CheckpointError(f"{path}: no {SINGLE_FILE} and no {INDEX_FILE}{hint}")
 
 
+def same_values(found: dict[str, TensorInfo], a: str, b: str, rows: int = 4096) -> bool:
+    """Whether tensors `a` and `b` (from scan()) hold equal values, compared `rows` rows at a
+    time (a 1B model's embedding is 0.5-1 GB: never two whole copies in memory).
+
+    Raises:
+        CheckpointError: a file cannot be read.
+    """
+    ia, ib = found[a], found[b]
+    if ia.shape != ib.shape:
+        return False
+    try:
+        with safe_open(ia.file, framework="pt") as fa, safe_open(ib.file, framework="pt") as fb:
+            sa, sb = fa.get_slice(a), fb.get_slice(b)
+            for r in range(0, ia.shape[0] if ia.shape else 1, rows):
+                xa = sa[r:r + rows] if ia.shape else fa.get_tensor(a)
+                xb = sb[r:r + rows] if ib.shape else fb.get_tensor(b)
+                if not torch.equal(xa.to(torch.float32), xb.to(torch.float32)):
+                    return False
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{ia.file}: reading {a!r} and {b!r} failed ({e})") from None
+    return True
+
+
 def scan(files: list[str]) -> dict[str, TensorInfo]:
     """Every tensor's file, shape and dtype, from the headers only (no data read)."""
     found: dict[str, TensorInfo] = {}
