@@ -19,13 +19,16 @@ import os
 from typing import Any, Iterable, Optional, Sequence
 
 from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers.decoders import DecodeStream
 
 from pagedllm.model.errors import CheckpointError
 from pagedllm.model.files import read_json, read_regular_bytes
 
-# Tokens of context kept before the first new token (vLLM's initial detokenization offset):
-# enough for the decoder to see word boundaries right at the start.
-INITIAL_DETOKENIZATION_OFFSET = 5
+# Prompt tokens the detokenizer is primed with (vLLM's bounds): the shortest suffix of
+# PRIME_MIN_TOKENS..PRIME_MAX_TOKENS - 1 tokens that decodes to whole characters, so that the
+# decoder sees the word boundary before the first generated token.
+PRIME_MIN_TOKENS = 4
+PRIME_MAX_TOKENS = 24
 
 
 class Tokenizer:
@@ -116,40 +119,64 @@ class Tokenizer:
 class IncrementalDetokenizer:
     """Turns generated ids into text deltas, one token at a time, emitting only whole characters.
 
-    vLLM's scheme: decode the window [prefix_offset, end) and the window [prefix_offset,
-    read_offset); the text the first has beyond the second is new, unless it ends in U+FFFD
-    (an incomplete UTF-8 sequence), in which case nothing is emitted until a later token
-    completes it. Decoding from a few tokens back keeps word-boundary spaces right.
-    Concatenating every add() result and flush() gives the generated text.
+    The tokenizers library's DecodeStream (vLLM's V1 detokenizer does the same) keeps the ids
+    since its last emission and emits once they decode to whole characters, byte-fallback
+    pieces (Llama 2's <0xE4>) and byte-level BPE alike. It is primed with the end of the prompt
+    so that the first generated token's word-boundary space is right: the shortest suffix of 4
+    to 23 tokens that decodes without U+FFFD, else (the prompt ends inside a character, or a run
+    of byte pieces) the whole prompt, whose unfinished character the output then completes and
+    emits. (The scheme before, decoding windows of the ids twice per token and comparing
+    lengths, turned generated CJK text into U+FFFD after a byte-fallback prompt and dropped the
+    character a prompt ending mid-character left open.) Concatenating every add() result and
+    flush() gives the generated text.
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (),
                  skip_special_tokens: bool = True) -> None:
         self._tok = tokenizer
         self._skip = skip_special_tokens
-        self.ids: list[int] = list(prompt_ids)
-        self.read_offset = len(self.ids)
-        self.prefix_offset = max(len(self.ids) - INITIAL_DETOKENIZATION_OFFSET, 0)
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._pending: list[int] = []  # ids since the last emission
         self.text = ""  # everything emitted so far
+        prompt = list(prompt_ids)
+        prime = prompt
+        for n in range(PRIME_MIN_TOKENS, min(len(prompt), PRIME_MAX_TOKENS) + 1):
+            if "\ufffd" not in tokenizer.decode(prompt[-n:], skip_special_tokens):
+                prime = prompt[-n:]
+                break
+        for t in prime:
+            self._step(t)
+        self._pending = []
+
+    def _step(self, token_id: int) -> Optional[str]:
+        try:
+            return self._stream.step(self._tok._tk, token_id)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
+            # An id outside the tokenizer (a padded vocabulary) or a decoder whose output
+            # stopped being a prefix of itself: start a new stream at this token (vLLM's
+            # recovery), the text so far stays emitted.
+            self._stream = DecodeStream(skip_special_tokens=self._skip)
+            try:
+                return self._stream.step(self._tok._tk, token_id)
+            except Exception:  # noqa: BLE001 - not a token of this tokenizer: no text
+                self._stream = DecodeStream(skip_special_tokens=self._skip)
+                return None
 
     def add(self, token_id: int) -> str:
         """Appends one generated id; returns the newly completed text ("" if none yet)."""
-        self.ids.append(token_id)
-        prefix_text = self._tok.decode(self.ids[self.prefix_offset:self.read_offset], self._skip)
-        new_text = self._tok.decode(self.ids[self.prefix_offset:], self._skip)
-        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+        self._pending.append(token_id)
+        delta = self._step(token_id)
+        if not delta:
             return ""
-        delta = new_text[len(prefix_text):]
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self._pending = []
         self.text += delta
         return delta
 
     def flush(self) -> str:
-        """Whatever is still held back at the end of generation (may contain U+FFFD)."""
-        prefix_text = self._tok.decode(self.ids[self.prefix_offset:self.read_offset], self._skip)
-        new_text = self._tok.decode(self.ids[self.prefix_offset:], self._skip)
-        delta = new_text[len(prefix_text):] if len(new_text) > len(prefix_text) else ""
-        self.prefix_offset = self.read_offset = len(self.ids)
+        """Whatever is still held back at the end of generation (an unfinished character:
+        U+FFFD per byte, as decode() shows it)."""
+        delta = self._tok.decode(self._pending, self._skip) if self._pending else ""
+        self._pending = []
         self.text += delta
         return delta
 
