@@ -28,3 +28,17 @@ def test_eos_text_is_dropped_unless_asked_for(llm):
     assert plain.token_ids == shown.token_ids == kept.token_ids
     assert shown.text == plain.text and not shown.text.endswith(eos)
     assert kept.text == plain.text + eos
+
+
+def test_stop_token_text_is_dropped_unless_asked_for(llm):
+    # A stop_token_ids token's text stayed in the completion ('.\n\nclass'); vLLM drops it
+    # unless include_stop_str_in_output, as for EOS.
+    tok = llm.get_tokenizer()
+    base = _run(llm, ignore_eos=True)
+    stop = base.token_ids[3]
+    assert tok.decode([stop]) != ""
+    out = _run(llm, stop_token_ids=[stop])
+    kept = _run(llm, stop_token_ids=[stop], include_stop_str_in_output=True)
+    assert out.token_ids == kept.token_ids == base.token_ids[:4] and out.stop_reason == stop
+    assert out.text == tok.decode(base.token_ids[:3])
+    assert kept.text == tok.decode(base.token_ids[:4])

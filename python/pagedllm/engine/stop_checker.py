@@ -1,7 +1,8 @@
 """Decides when a sequence is done after each new token, and keeps its text up to date.
 
-vLLM's rules, in order: EOS (unless ignore_eos), a stop token id, a stop string in the new text
-(the text is cut before it unless include_stop_str_in_output), max_tokens, max_model_len.
+vLLM's rules, in order: EOS (unless ignore_eos), a stop token id (neither one's text is kept
+unless include_stop_str_in_output), a stop string in the new text (the text is cut before it
+unless include_stop_str_in_output), max_tokens, max_model_len.
 EOS and stop tokens do not end a sequence before min_tokens tokens were generated.
 """
 
@@ -55,15 +56,15 @@ class StopChecker:
         token = seq.token_ids[-1]
         n_out = seq.num_output_tokens
         if n_out >= params.min_tokens:
-            if not params.ignore_eos and token in self.eos_token_ids:
-                # The EOS token's text (shown with skip_special_tokens=False) is not part of
-                # the completion unless include_stop_str_in_output, as in vLLM.
+            eos = not params.ignore_eos and token in self.eos_token_ids
+            if eos or token in params.stop_token_ids:
+                # The text of the EOS or stop token (EOS's shows with skip_special_tokens=False)
+                # is not part of the completion unless include_stop_str_in_output, as in vLLM.
                 if delta and not params.include_stop_str_in_output \
                         and seq.output_text.endswith(delta):
                     seq.output_text = seq.output_text[:-len(delta)]
-                return "stop"
-            if token in params.stop_token_ids:
-                seq.stop_reason = token
+                if not eos:
+                    seq.stop_reason = token
                 return "stop"
             if params.stop and delta:
                 hit = self._find_stop(seq, delta, params.stop, params.include_stop_str_in_output)
