@@ -45,3 +45,17 @@ def test_batch_logprobs_ranks_and_top_k():
     assert a.token_id == 1 and a.rank == 1 and abs(a.logprob - float(lp[0, 1])) < 1e-6
     assert [t for t, _ in a.top] == [1, 2]
     assert b.token_id == 0 and b.rank == 1 and b.top is None
+
+
+def test_top_k_keeps_the_tokens_tied_with_the_kth_value():
+    # top_k cut by sorted position, so which of two tied tokens survived top_k=2 depended on
+    # the sort order; transformers' TopKLogitsWarper and vLLM keep every token tied with the
+    # k-th largest value (top-p then cuts ties by sort order, in both).
+    from transformers import TopKLogitsWarper
+
+    x = torch.tensor([[3.0, 1.0, 2.0, 2.0, 0.0], [0.5, 0.5, 0.5, 0.5, -1.0]])
+    for top_k in (1, 2, 3, 10):
+        targets = [target(r, [1], [], temperature=1.0, top_k=top_k) for r in (0, 1)]
+        got = Sampler._probs(x.clone(), targets) > 0
+        want = TopKLogitsWarper(min(top_k, 5))(None, x.clone()) > -1e30
+        assert torch.equal(got, want), (top_k, got, want)

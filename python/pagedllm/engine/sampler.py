@@ -207,8 +207,10 @@ class Sampler:
         if any(k > 0 for k in top_k) or any(use_p):
             vocab = x.shape[1]
             sorted_x, order = torch.sort(x, dim=-1, descending=True)          # [R, vocab]
-            k = torch.as_tensor([k if k > 0 else vocab for k in top_k]).unsqueeze(1)
-            drop = torch.arange(vocab).unsqueeze(0) >= k                        # beyond top-k
+            k = torch.as_tensor([min(k, vocab) if k > 0 else vocab for k in top_k]).unsqueeze(1)
+            # below the k-th largest value: tokens tied with it stay (transformers' and vLLM's
+            # top-k; cutting at position k dropped some of the tied ones by their sort order)
+            drop = sorted_x < sorted_x.gather(1, k - 1)                         # beyond top-k
             if any(use_p):
                 probs = torch.softmax(sorted_x.masked_fill(drop, float("-inf")), dim=-1)
                 before = torch.cumsum(probs, dim=-1) - probs                   # mass above
