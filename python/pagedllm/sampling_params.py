@@ -88,7 +88,8 @@ def _token_ids(value: Any) -> List[int]:
 # SamplingParams' integer fields (None allowed where the default is None) and bool fields.
 _INT_FIELDS = ("n", "best_of", "top_k", "seed", "max_tokens", "min_tokens", "logprobs",
                "prompt_logprobs")
-_BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "detokenize")
+_BOOL_FIELDS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+                "spaces_between_special_tokens", "detokenize")
 
 
 @dataclass
@@ -123,13 +124,18 @@ class SamplingParams:
             (at most MAX_LOGPROBS).
         include_stop_str_in_output: keep the matched stop string in the text.
         skip_special_tokens: leave special tokens out of the decoded text.
+        spaces_between_special_tokens: vLLM's option, accepted so that vLLM code runs
+            unchanged; it acts only on Python ("slow") tokenizers, and a checkpoint's
+            tokenizer.json is always a fast one, which joins special tokens as its decoder
+            says (so does vLLM with a fast tokenizer).
         detokenize: produce text (False: token ids only; not with ``stop``).
         sparse_attention: this request's block-sparse decode attention, a mapping with the
             keys of pagedllm.sparse.SparseAttentionConfig ("strategy" required; "dense" turns
             the engine's default off), overriding the engine's default; None: the default.
 
     Integer fields take ints or numpy integers (stored as int), never bools; the bool fields
-    (ignore_eos, include_stop_str_in_output, skip_special_tokens, detokenize) take only True
+    (ignore_eos, include_stop_str_in_output, skip_special_tokens, spaces_between_special_tokens,
+    detokenize) take only True
     or False (or numpy.bool_, stored as bool).
     """
 
@@ -152,6 +158,7 @@ class SamplingParams:
     prompt_logprobs: Optional[int] = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     detokenize: bool = True
     sparse_attention: Optional[Any] = None
 

@@ -17,7 +17,8 @@ from pagedllm.engine.sampler import Sampler, SampleTarget
 from pagedllm.engine.sequence import Request
 from pagedllm.sampling_params import MAX_LOGPROBS, BeamSearchParams, SamplingParams
 
-BOOL_FIELDS = ["ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "detokenize"]
+BOOL_FIELDS = ["ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+               "spaces_between_special_tokens", "detokenize"]
 
 
 # --- stop and stop_token_ids -------------------------------------------------------------------
