@@ -71,6 +71,8 @@ _GAUGES = (
      "KV blocks the last step's decode attention read (per KV head; block-sparse attention)."),
     ("sparse_blocks_held_last_step", "sparse_blocks_held_last_step",
      "KV blocks the last step's decoding sequences held."),
+    ("sparse_read_fraction", "sparse_read_fraction",
+     "KV blocks read by decode attention / held, since start (1 when dense)."),
 )
 _COUNTERS = (
     ("prompt_tokens", "num_prompt_tokens", "Prompt tokens of accepted requests."),
@@ -92,6 +94,8 @@ _COUNTERS = (
      "KV blocks read by decode attention (per KV head; all blocks when dense)."),
     ("sparse_blocks_held", "sparse_blocks_held_total",
      "KV blocks held by the decoding sequences, summed over steps."),
+    ("sparse_blocks_dropped", "sparse_blocks_dropped",
+     "KV blocks freed as they left a streaming window."),
 )
 
 

@@ -478,3 +478,22 @@ def test_a_pool_larger_than_the_memory_left_is_refused_naming_the_option(
         LLM(engine_model_dir, block_size=4, **options)
     monkeypatch.setattr(devices, "_host_available_bytes", lambda: pool)
     LLM(engine_model_dir, block_size=4, num_kv_blocks=64)  # exactly what is left: accepted
+
+
+def test_every_served_metric_is_documented(engine_model_dir):
+    # /metrics served pagedllm:num_requests_swapped and num_failed_steps_total that USAGE.md
+    # never named, and USAGE.md promised sparse_read_fraction / sparse_blocks_dropped there.
+    import os
+    import re
+
+    from pagedllm.metrics import EngineMetrics
+
+    llm = LLM(engine_model_dir, block_size=4, num_kv_blocks=24)
+    names = {re.sub(r"_(total|count|sum|bucket|created)$", "", n).removeprefix("pagedllm:")
+             for n in _scrape(EngineMetrics(llm.engine.kv_cache_stats, "t"))}
+    usage = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "USAGE.md"),
+                 encoding="utf-8").read()
+    missing = sorted(n for n in names if not re.search(rf"\b{re.escape(n)}(_total)?\b", usage))
+    assert not missing, missing
+    for promised in ("sparse_read_fraction", "sparse_blocks_dropped"):
+        assert promised in names
