@@ -140,7 +140,7 @@ def test_bench_flags_fail_before_the_model_loads(capsys, tmp_path, argv, match):
     ('{"prompt": [1, -5]}', '"prompt" must be'),
     ('{"prompt": {"prompt_token_ids": "abc"}}',
      '"prompt" must be .* got {"prompt_token_ids": "abc"}'),
-    ('{"prompt_token_ids": "abc"}', '"prompt" must be .* got none'),
+    ('{"prompt_token_ids": "abc"}', '"prompt_token_ids" must be a non-empty list .* got "abc"'),
     ('[1, 2]', "expected a JSON object"),
 ])
 def test_bench_file_lines_are_checked_before_the_model_loads(capsys, tmp_path, line, match):
@@ -154,10 +154,17 @@ def test_bench_file_lines_are_checked_before_the_model_loads(capsys, tmp_path, l
 
 def test_bench_file_token_ids_and_nested_form(tmp_path):
     f = tmp_path / "w.jsonl"
-    f.write_text('{"prompt": {"prompt_token_ids": [5, 6]}, "max_tokens": 2}\n{"prompt": [7]}\n')
+    f.write_text('{"prompt": {"prompt_token_ids": [5, 6]}, "max_tokens": 2}\n{"prompt": [7]}\n'
+                 '{"prompt_token_ids": [8, 9], "max_tokens": 3}\n')  # vLLM's form, as USAGE says
     reqs = from_file(str(f), 9)
     assert [(r.prompt, r.max_tokens, r.line) for r in reqs] == [
-        ({"prompt_token_ids": [5, 6]}, 2, 1), ({"prompt_token_ids": [7]}, 9, 2)]
+        ({"prompt_token_ids": [5, 6]}, 2, 1), ({"prompt_token_ids": [7]}, 9, 2),
+        ({"prompt_token_ids": [8, 9]}, 3, 3)]
+    for line, match in (('{"prompt_token_ids": "hi"}', r'"prompt_token_ids" must be .* got "hi"'),
+                        ('{"prompt": "a", "prompt_token_ids": [1]}', "expected one of them")):
+        f.write_text(line + "\n")
+        with pytest.raises(UsageError, match=match):
+            from_file(str(f), 9)
 
 
 def test_bench_file_request_the_engine_refuses_names_the_line(capsys, tmp_path):

@@ -62,7 +62,8 @@ def synthetic(num_prompts: int, input_len: int, output_len: int, input_spread: f
 
 def from_file(path: str, default_max_tokens: int) -> List[BenchRequest]:
     """Requests from JSON Lines: {"prompt": text or [token ids], "max_tokens": N (optional)};
-    the prompt may also be {"prompt_token_ids": [token ids]}.
+    the prompt may also be {"prompt_token_ids": [token ids]}, and token ids may be given as
+    the line's own "prompt_token_ids" instead of a "prompt" (vLLM's form).
 
     Raises:
         UsageError: an unreadable file, or a line of another form (names the file and line).
@@ -83,12 +84,23 @@ def from_file(path: str, default_max_tokens: int) -> List[BenchRequest]:
         if not isinstance(rec, dict):
             raise UsageError(f"{path}:{n}: expected a JSON object {{\"prompt\": text or token "
                              f"ids, \"max_tokens\": N (optional)}} (fix that line of --file)")
-        prompt = _prompt(rec.get("prompt"))
+        if "prompt" in rec and "prompt_token_ids" in rec:
+            raise UsageError(f"{path}:{n}: both \"prompt\" and \"prompt_token_ids\" are given: "
+                             f"expected one of them (fix that line of --file)")
+        if "prompt_token_ids" in rec:  # token ids only: never text
+            ids = rec["prompt_token_ids"]
+            prompt = _prompt(ids) if isinstance(ids, list) else None
+        else:
+            prompt = _prompt(rec.get("prompt"))
         if prompt is None:
-            raise UsageError(f"{path}:{n}: \"prompt\" must be non-empty text, a list of token ids "
-                             f"(integers >= 0) or {{\"prompt_token_ids\": [...]}}, got "
-                             f"{_shown(rec['prompt']) if 'prompt' in rec else 'none'} (fix "
-                             f"that line of --file)")
+            if "prompt_token_ids" in rec:
+                want = '"prompt_token_ids" must be a non-empty list of token ids (integers >= 0)'
+                got = _shown(rec["prompt_token_ids"])
+            else:
+                want = ('"prompt" must be non-empty text, a list of token ids (integers >= 0) or '
+                        '{"prompt_token_ids": [...]}')
+                got = _shown(rec["prompt"]) if "prompt" in rec else "none"
+            raise UsageError(f"{path}:{n}: {want}, got {got} (fix that line of --file)")
         max_tokens = rec.get("max_tokens", default_max_tokens)
         if not (_is_int(max_tokens) and max_tokens >= 1):
             raise UsageError(f"{path}:{n}: \"max_tokens\" must be an integer >= 1, got "
