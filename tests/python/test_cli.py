@@ -105,9 +105,13 @@ def test_generate_with_config_file_and_stop(capsys, tmp_path):
                                      r"\(flags: --block-size, --kv-cache-memory\)$", 2),
     (["--max-model-len", "100000"], "max_model_len=100000 exceeds", 2),
     (["--dtype", "float16"], "float16", 2),
-    (["--num-kv-blocks", "64", "--max-tokens", "5000"],
+    (["--num-kv-blocks", "64", "--max-model-len", "512", "--max-tokens", "5000"],
      r"prompt 1: prompt \(\d+ tokens\) \+ max_tokens \(5000\) = \d+ exceeds max_model_len "
-     r"\(1024\), the maximum context length \(lower --max-tokens", 2),
+     r"\(512\), the maximum context length \(lower --max-tokens, or raise --max-model-len\)$",
+     2),
+    # the model's own limit: no flag raises it (--max-model-len 2048 would be refused)
+    (["--max-tokens", "5000"], r"exceeds max_model_len \(1024\), the maximum context length "
+     r"\(lower --max-tokens: the model's 1024 positions are the limit\)$", 2),
     (["--num-kv-blocks", "64", "--temperature", "-1"], "--temperature must be", 2),
 ])
 def test_generate_errors_are_one_line(capsys, argv, match, code):

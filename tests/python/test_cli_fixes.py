@@ -178,7 +178,9 @@ def test_bench_file_request_the_engine_refuses_names_the_line(capsys, tmp_path):
     code, out, err = run_cli(capsys, "bench", *ENGINE, "--file", f, "--no-progress")
     msg = one_line(err)
     assert code == 2 and f"{f}:1: " in msg and "max_model_len" in msg, msg
-    assert "raise --max-model-len" in msg and "--input-len" not in msg
+    # the model's positions are the limit: no flag can raise it (it advised --max-model-len)
+    assert msg.endswith("(shorten that request: the model's 1024 positions are the limit)")
+    assert "--input-len" not in msg
 
 
 # --- 5: lazy imports: fast --help, early Ctrl-C ---------------------------------------------------

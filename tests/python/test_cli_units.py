@@ -284,3 +284,22 @@ def test_cuda_without_a_gpu_is_one_line_naming_the_flag(capsys):
         pytest.skip("a GPU is visible")
     code, _, err = run_cli(capsys, "generate", "x", "--device", "cuda")
     assert code == 2 and err.count("\n") == 1 and "--device" in err and "unexpected" not in err
+
+
+def test_length_fix_names_only_limits_that_can_be_raised():
+    # It advised "--max-model-len / --kv-cache-memory" whatever set the limit: the model's
+    # own positions cannot be raised, and --kv-cache-memory does nothing under --num-kv-blocks.
+    from types import SimpleNamespace
+
+    from pagedllm.commands.common import length_fix
+
+    def engine(max_len, max_model_len=None, num_kv_blocks=None):
+        return SimpleNamespace(max_model_len=max_len,
+                               model_config=SimpleNamespace(max_position_embeddings=1024),
+                               config=SimpleNamespace(max_model_len=max_model_len,
+                                                      num_kv_blocks=num_kv_blocks))
+    assert length_fix(engine(1024), "lower --max-tokens") == (
+        "lower --max-tokens: the model's 1024 positions are the limit")
+    assert length_fix(engine(512, max_model_len=512), "x") == "x, or raise --max-model-len"
+    assert length_fix(engine(320, num_kv_blocks=20), "x") == "x, or raise --num-kv-blocks"
+    assert length_fix(engine(320), "x") == "x, or raise --kv-cache-memory"

@@ -27,8 +27,9 @@ from pagedllm.commands.bench_workload import (BenchRequest, assign_arrivals, fro
                                               percentiles, synthetic)
 from pagedllm.commands.common import (CliError, UsageError, add_engine_args, add_trace_arg,
                                       build_engine, check_output_file, end_run, engine_config,
-                                      make_sampling_params, positive_int, report_failures,
-                                      request_failure, start_trace)
+                                      is_length_error, length_fix, make_sampling_params,
+                                      positive_int, report_failures, request_failure,
+                                      start_trace)
 from pagedllm.commands.stats_file import add_stats_file_arg, check_stats_file, open_stats_file
 
 NAME = "bench"
@@ -84,16 +85,16 @@ def _workload(args, engine) -> List[BenchRequest]:
                      args.output_len_spread, vocab, avoid, engine.config.seed)
 
 
-def _request_error(args, index: int, request: BenchRequest, message: str) -> UsageError:
+def _request_error(args, engine, index: int, request: BenchRequest,
+                   message: str) -> UsageError:
     """The usage error of a request the engine refused: a line of --file names that line."""
     from pagedllm.engine.llm_engine import without_request_id
 
     message = without_request_id(message)
     if request.line is None:
-        return UsageError(f"request {index}: {message} (lower --input-len / --output-len or "
-                          "raise --max-model-len / --kv-cache-memory)")
-    too_long = "max_model_len" in message or "KV" in message
-    fix = ("shorten that request, or raise --max-model-len / --kv-cache-memory" if too_long
+        return UsageError(f"request {index}: {message} "
+                          f"({length_fix(engine, 'lower --input-len / --output-len')})")
+    fix = (length_fix(engine, "shorten that request") if is_length_error(message)
            else "fix that line of --file")
     return UsageError(f"{args.file}:{request.line}: {message} ({fix})")
 
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
                     rid = engine.add_request(f"bench-{nxt}", r.prompt, params,
                                              arrival_time=start + r.arrival)
                 except ValueError as e:
-                    raise _request_error(args, nxt, r, str(e)) from None
+                    raise _request_error(args, engine, nxt, r, str(e)) from None
                 unfinished.add(rid)
                 nxt += 1
             if not engine.has_unfinished_requests():

@@ -283,6 +283,28 @@ def end_run(engine, stats, unfinished) -> None:
     report_trace(engine.stop_trace())
 
 
+def length_fix(engine, shorten: str) -> str:
+    """What fixes a request too long for the engine, as flags: `shorten` (e.g. "lower
+    --max-tokens"), then only the limits that can still be raised: --max-model-len when it
+    was set below the model's positions, the KV pool's flag when the pool set the limit
+    (--num-kv-blocks when given: it wins over --kv-cache-memory)."""
+    raise_ = []
+    if engine.max_model_len < engine.model_config.max_position_embeddings:
+        if engine.config.max_model_len is not None:
+            raise_.append("--max-model-len")
+        else:
+            raise_.append("--num-kv-blocks" if engine.config.num_kv_blocks is not None
+                          else "--kv-cache-memory")
+    return shorten + (f", or raise {' / '.join(raise_)}" if raise_ else
+                      f": the model's {engine.model_config.max_position_embeddings} positions "
+                      f"are the limit")
+
+
+def is_length_error(message: str) -> bool:
+    """Whether an add_request refusal is about length (max_model_len or the KV pool)."""
+    return "max_model_len" in message or "KV" in message
+
+
 def request_failure(output) -> Optional[str]:
     """Why a finished request failed, on one line; None when it did not.
 

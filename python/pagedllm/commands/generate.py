@@ -24,9 +24,9 @@ from typing import Dict, List, Optional, TextIO, Tuple
 
 from pagedllm.commands import HELPS
 from pagedllm.commands.common import (UsageError, add_engine_args, add_trace_arg, build_engine,
-                                      end_run, engine_config, make_sampling_params, positive_int,
-                                      read_lines, report_failures, request_failure,
-                                      start_trace)
+                                      end_run, engine_config, is_length_error, length_fix,
+                                      make_sampling_params, positive_int, read_lines,
+                                      report_failures, request_failure, start_trace)
 from pagedllm.commands.report import kv_summary
 from pagedllm.commands.stats_file import add_stats_file_arg, check_stats_file, open_stats_file
 from pagedllm.streaming import ChoiceTracker, holdback_for
@@ -236,9 +236,10 @@ def run(args: argparse.Namespace) -> int:
                 rid = engine.add_request(f"generate-{i}", prompt, params,
                                          default_max_tokens="max_tokens" not in given)
             except ValueError as e:
-                raise UsageError(f"prompt {i + 1}: {without_request_id(str(e))} (lower "
-                                 "--max-tokens, or raise --max-model-len / --kv-cache-memory)"
-                                 ) from None
+                message = without_request_id(str(e))
+                fix = (length_fix(engine, "lower --max-tokens") if is_length_error(message)
+                       else "fix that prompt")
+                raise UsageError(f"prompt {i + 1}: {message} ({fix})") from None
             index[rid] = i
             unfinished.add(rid)
         printer = OrderedPrinter(prompts, args.n, holdback_for(stops), not args.no_echo,

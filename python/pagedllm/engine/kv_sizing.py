@@ -158,8 +158,10 @@ def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int,
         if max_model_len < model_max_len:
             logger.warning(
                 "KV cache %s holds %d tokens, less than the model's %d positions: max_model_len "
-                "set to %d (raise kv_cache_memory_bytes or num_kv_blocks for longer sequences)",
-                budget_desc, capacity, model_max_len, max_model_len)
+                "set to %d (raise %s for longer sequences)", budget_desc, capacity,
+                model_max_len, max_model_len,
+                "num_kv_blocks" if config.num_kv_blocks is not None
+                else "kv_cache_memory_bytes or num_kv_blocks")
     if usable < 2:
         raise ValueError(
             f"the KV cache ({budget_desc}: {num_blocks} blocks of {bs} tokens, {watermark_blocks} "

@@ -239,9 +239,11 @@ class LLMEngine:
         if total > self.max_model_len:
             why = ""
             if self.config.max_model_len is None and self.max_model_len < self.model_config.max_position_embeddings:
+                knob = ("num_kv_blocks" if self.config.num_kv_blocks is not None  # it rules
+                        else "kv_cache_memory_bytes or num_kv_blocks")
                 why = (f"; the KV pool ({self.plan.num_blocks} blocks of {self.block_size} "
                        f"tokens) set that limit ({kv_diagnostics.LONG_OOM}: too few blocks): "
-                       f"raise kv_cache_memory_bytes or num_kv_blocks")
+                       f"raise {knob}")
             raise ValueError(
                 f"request {request_id}: prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
                 f"{total} exceeds max_model_len ({self.max_model_len}), the maximum context "
