@@ -91,3 +91,15 @@ def test_environment_variable_with_a_bad_engine_fails_the_call():
     r = run_with_env("bogus")
     assert r.returncode != 0
     assert "PAGEDLLM_CPU_ENGINE" in r.stderr and "bogus" in r.stderr
+
+
+def test_a_bad_engine_in_the_environment_is_a_usage_error_before_the_model_loads():
+    # It failed the first step's requests (exit 1, several lines), unlike every other bad
+    # setting (one line, exit 2).
+    env = dict(os.environ, PAGEDLLM_CPU_ENGINE="bogus",
+               PYTHONPATH=os.pathsep.join([PYTHON_DIR, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "pagedllm", "generate", "--max-tokens", "2", "hi"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("pagedllm: error: PAGEDLLM_CPU_ENGINE: unknown CPU engine 'bogus'")

@@ -104,6 +104,9 @@ class Worker:
             torch.cuda.set_device(self.device)
         else:
             host_malloc.keep_freed_memory()  # step tensors reuse memory, not fresh pages
+            from pagedllm import _core
+
+            _core.get_cpu_engine()  # a bad PAGEDLLM_CPU_ENGINE: a ValueError now, not at step 1
         prepack = config.prepack_weights and not on_gpu and self.dtype != torch.float16
         if parallel is None:
             model, self.model_config = load_model(model_path, dtype=self.dtype, prepack=prepack)
