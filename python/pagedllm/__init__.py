@@ -10,12 +10,15 @@ reads K/V straight from those blocks. The high-level API mirrors vLLM::
 
 from pagedllm._version import __version__
 
-__all__ = ["__version__", "LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["__version__", "LLM", "LLMEngine", "EngineConfig", "SamplingParams",
+           "BeamSearchParams", "RequestOutput", "CompletionOutput"]
 
 _LAZY = {
     "LLM": ("pagedllm.llm", "LLM"),
     "LLMEngine": ("pagedllm.engine.llm_engine", "LLMEngine"),
+    "EngineConfig": ("pagedllm.config", "EngineConfig"),
     "SamplingParams": ("pagedllm.sampling_params", "SamplingParams"),
+    "BeamSearchParams": ("pagedllm.sampling_params", "BeamSearchParams"),
     "RequestOutput": ("pagedllm.outputs", "RequestOutput"),
     "CompletionOutput": ("pagedllm.outputs", "CompletionOutput"),
 }

@@ -45,3 +45,12 @@ def test_boundary_values_pass():
                      num_threads=1024, max_model_len=2)
     assert c.seed == 2 ** 63 - 1 and c.max_num_batched_tokens == 1 << 24
     assert EngineConfig().max_num_batched_tokens == 2048
+
+
+def test_the_package_exports_every_public_name():
+    # EngineConfig (LLM.from_config's argument) was only importable from pagedllm.config.
+    import pagedllm
+
+    for name in pagedllm.__all__:
+        assert getattr(pagedllm, name) is not None
+    from pagedllm import BeamSearchParams, EngineConfig  # noqa: F401
