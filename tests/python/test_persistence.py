@@ -202,6 +202,21 @@ def test_hot_blocks_threshold_writes_only_popular_blocks(engine_model_dir, promp
     llm.engine.shutdown()
 
 
+def test_hot_block_counts_are_bounded(engine_model_dir, tmp_path):
+    # A block served fewer than hot_blocks_threshold times, then never again, kept its count
+    # forever (+1 entry per distinct prompt block of a long-running chat server).
+    llm = engine(engine_model_dir, tmp_path / "kv", persistence={"hot_blocks_threshold": 3})
+    tier = llm.engine.tier
+    tier.max_counted_blocks = 4
+    keys = [bytes([i]) * 16 for i in range(10)]
+    for k in keys:
+        assert not tier.note_served(k)
+    assert list(tier._served) == keys[-4:]  # the least recently served forgotten
+    assert not tier.note_served(keys[-1]) and tier.note_served(keys[-1])  # the 3rd: hot
+    assert keys[-1] not in tier._served and len(tier._served) == 3
+    llm.engine.shutdown()
+
+
 def test_cli_flags_turn_the_tier_on(tmp_path):
     from pagedllm import cli
     from pagedllm.commands.common import engine_config

@@ -195,11 +195,13 @@ class PersistentTier:
             block once the prefix cache has served it N times.
         max_queued_writes: writes waiting past this are dropped (counted).
         max_staged_blocks: host buffers held for prefetched blocks at most.
+        max_counted_blocks: blocks whose servings are counted toward hot_blocks_threshold at
+            most; past it the least recently served is forgotten (its count starts again).
     """
 
     def __init__(self, store, fingerprint: str, block_size: int, bytes_per_block: int,
                  hot_blocks_threshold: int = 0, max_queued_writes: int = 256,
-                 max_staged_blocks: int = 1024):
+                 max_staged_blocks: int = 1024, max_counted_blocks: int = 1 << 16):
         self.store = store
         self.fingerprint = fingerprint
         # Folded into every key, so that engines of different models (or dtypes, layouts) can
@@ -219,7 +221,11 @@ class PersistentTier:
         # key -> staged bytes of the planned loads of that key, one buffer per load: without
         # prefix caching two requests may load the same block into blocks of their own.
         self._loads: Dict[bytes, List[np.ndarray]] = {}
-        self._served: collections.Counter = collections.Counter()
+        # key -> times served from memory, for hot_blocks_threshold, least recently served
+        # first; at most max_counted_blocks keys (a block served fewer than N times, then
+        # never again, was kept forever: +1 entry per distinct prompt block of a chat server)
+        self._served: "collections.OrderedDict[bytes, int]" = collections.OrderedDict()
+        self.max_counted_blocks = max_counted_blocks
         self.disk_hit_tokens = 0
         self.disk_lookup_tokens = 0
         self.dropped_writes = 0
@@ -316,11 +322,13 @@ class PersistentTier:
         written now, with hot_blocks_threshold N >= 1)."""
         if self.hot_blocks_threshold <= 0:
             return False
-        self._served[key] += 1
-        if self._served[key] < self.hot_blocks_threshold:
+        count = self._served.pop(key, 0) + 1
+        if count < self.hot_blocks_threshold:
+            self._served[key] = count  # now the most recently served
+            if len(self._served) > self.max_counted_blocks:
+                self._served.popitem(last=False)
             return False
-        del self._served[key]  # counted only until it turns hot: the counter stays small
-        return not self.store.contains(key)
+        return not self.store.contains(key)  # hot: counted no more
 
     def plan_store(self, key: bytes, tokens: np.ndarray, parent: Optional[bytes] = None,
                    chain: Optional[Sequence[bytes]] = None) -> bool:
