@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from cpu_engines import ENGINES, restore, use_engine
+from cpu_engines import ENGINES, OPT_IN_ENGINES, restore, use_engine
 from kernel_reference import UNIT_ROUNDOFF, attention_ref, make_paged_kv, random_lens
 from pagedllm import _core
 
@@ -271,3 +271,46 @@ def test_storage_error_matches_format_precision(kernel, kv_dtype, fmt):
         vmax = exact.v_full[s].abs().max().item()
         assert err <= 8 * u * vmax, (err, u, vmax)
         assert err >= u * vmax / 1000, "error implausibly small: was the cache really reduced?"
+
+
+@pytest.mark.parametrize("engine", ENGINES + OPT_IN_ENGINES)
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+@pytest.mark.parametrize("kv_dtype,act,poison", [
+    ("auto", torch.float32, float("nan")), ("bf16", torch.bfloat16, float("nan")),
+    ("fp8_e4m3", torch.float32, 0x7F),  # e4m3's NaN byte
+])
+def test_a_nan_key_makes_the_output_nan_on_every_engine(engine, kernel, kv_dtype, act, poison):
+    # The SIMD engines' exp clamped a NaN score to a weight of ~0: the corrupted token was
+    # silently dropped (and a NaN query gave a finite, engine-dependent output), where the
+    # portable engine and a float64 reference give NaN.
+    use_engine(engine)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        L, D = 40, 64
+        kv = make_paged_kv(gen, [L], 1, D, 16, kv_dtype, act)
+        kv.key_cache[int(kv.block_tables[0, 0]), 0, 5, 3] = poison  # token 5, element 3
+        rows = 1 if kernel == "decode" else 20
+        q = torch.randn((rows, 4, D), generator=gen).to(act)
+        out = torch.zeros((rows, 4, D), dtype=act)
+        if kernel == "decode":
+            _core.paged_attention_decode(out, q, kv.key_cache, kv.value_cache, kv.block_tables,
+                                         kv.context_lens, 0.125, kv_dtype)
+        else:  # the last 20 tokens: every row sees token 5
+            _core.paged_attention_prefill(out, q, kv.key_cache, kv.value_cache, kv.block_tables,
+                                          torch.tensor([0, rows], dtype=torch.int32),
+                                          kv.context_lens, 0.125, kv_dtype)
+        assert torch.isnan(out).all()
+        q[0, 0, 0] = float("nan")  # a NaN query: its head's output is NaN too
+        kv.key_cache[int(kv.block_tables[0, 0]), 0, 5, 3] = 0
+        out.zero_()
+        if kernel == "decode":
+            _core.paged_attention_decode(out, q, kv.key_cache, kv.value_cache, kv.block_tables,
+                                         kv.context_lens, 0.125, kv_dtype)
+        else:
+            _core.paged_attention_prefill(out, q, kv.key_cache, kv.value_cache, kv.block_tables,
+                                          torch.tensor([0, rows], dtype=torch.int32),
+                                          kv.context_lens, 0.125, kv_dtype)
+        assert torch.isnan(out[0, 0]).all()
+        assert not torch.isnan(out[0, 1:]).any() and not torch.isnan(out[1:]).any()
+    finally:
+        restore()

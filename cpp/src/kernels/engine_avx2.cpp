@@ -57,10 +57,11 @@ inline V8 vsum8(const V8* a) {
 }
 
 // exp(x) to about 1 ulp: x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial,
-// 2^n through the exponent bits. Inputs below -87.3 (including -inf) give exactly 0.
+// 2^n through the exponent bits. Inputs below -87.3 (including -inf) give exactly 0; NaN
+// stays NaN (the bounds are max / min's first operands: those return x when either is NaN).
 inline V8 vexp(V8 x) {
   const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);   // ln2, high bits

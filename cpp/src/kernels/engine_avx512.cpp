@@ -106,9 +106,9 @@ constexpr bool kPrefillTile = true;  // see engine_prefill_impl.h
 // same two-part ln2, but e^r by a degree-5 fit (minimax in relative error on [-ln2/2, ln2/2],
 // coefficients rounded to float) and 2^n by vscalefps: 11 instructions for vexp's 17, within
 // 2.3e-7 relative over [-87, 0] (vexp: about 1.2e-7; the exact engines' bound allows 2e-5 of the
-// output). x <= -104 (and -inf) gives 0.
+// output). x <= -104 (and -inf) gives 0; NaN stays NaN (the bound is max's first operand).
 inline V vexp_tile(V x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
   const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
@@ -236,10 +236,10 @@ alignas(64) constexpr uint16_t kPairHalves[32] = {0,  16, 1,  17, 2,  18, 3,  19
 // 2^-9, so vexp's 17 instructions buy nothing there): 2^(x log2 e) as 2^n 2^f, n the nearest
 // integer, 2^f by a degree-4 minimax fit on [-1/2, 1/2] (fitted in relative error; coefficients
 // rounded to float), 2^n by vscalefps; 9 instructions. -inf (and anything under -160 ln 2)
-// gives 0.
+// gives 0; NaN stays NaN (the bound is max's first operand).
 inline V vexp_coarse(V x) {
-  const V y = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                            _mm512_set1_ps(-160.0f));
+  const V y = _mm512_max_ps(_mm512_set1_ps(-160.0f),
+                            _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)));
   const V n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const V f = _mm512_sub_ps(y, n);
   V p = _mm512_set1_ps(0.009570019319653511f);

@@ -15,10 +15,13 @@ namespace pagedllm::kernels {
 namespace {
 
 // exp(x): x = n ln2 + r, e^r by its degree-7 Taylor polynomial, 2^n through the exponent bits;
-// below -87.3 (and -inf) gives 0. The same polynomial and results as the AVX2 engine's.
+// below -87.3 (and -inf) gives 0; NaN stays NaN (a NaN score, from a NaN key or query or an
+// infinite one, makes the output NaN as in the portable engine, never a weight of 0: the
+// bounds are the first operands of max / min, which return their second operand, x, when
+// either is NaN). The same polynomial and results as the AVX2 engine's.
 inline __m512 vexp(__m512 x) {
   const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+  x = _mm512_min_ps(_mm512_set1_ps(88.3f), _mm512_max_ps(_mm512_set1_ps(-87.3f), x));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
