@@ -121,23 +121,30 @@ TEST_P(FusedOps, SiluAndMulFloat32AndBFloat16) {
   }
 }
 
+// In-place RoPE of x (token and head strides in floats) with cos / sin rows of d floats.
+pk::RotaryParams rotary_params(std::vector<float>& x, int64_t token_stride, int64_t head_stride,
+                               const std::vector<float>& cos, const std::vector<float>& sin,
+                               int tokens, int heads, int d) {
+  pk::RotaryParams p;
+  p.x = x.data();
+  p.x_token_stride = token_stride;
+  p.x_head_stride = head_stride;
+  p.cos = cos.data();
+  p.sin = sin.data();
+  p.cos_token_stride = p.sin_token_stride = d;
+  p.num_tokens = tokens;
+  p.num_heads = heads;
+  p.head_dim = d;
+  return p;
+}
+
 TEST_P(FusedOps, RotaryInPlaceOnStridedHeads) {
   for (int d : {8, 32, 40, 128, 136}) {
     const int tokens = 9, heads = 5, token_stride = (heads + 2) * d;  // heads of a qkv row
     auto x = randn(size_t(tokens) * token_stride, d);
     const auto x0 = x;
     const auto cos = randn(size_t(tokens) * d, d + 1), sin = randn(cos.size(), d + 2);
-    pk::RotaryParams p;
-    p.x = x.data();
-    p.x_token_stride = token_stride;
-    p.x_head_stride = d;
-    p.cos = cos.data();
-    p.sin = sin.data();
-    p.cos_token_stride = p.sin_token_stride = d;
-    p.num_tokens = tokens;
-    p.num_heads = heads;
-    p.head_dim = d;
-    pk::rotary_embedding(p);
+    pk::rotary_embedding(rotary_params(x, token_stride, d, cos, sin, tokens, heads, d));
     const int half = d / 2;
     for (int t = 0; t < tokens; ++t) {
       for (int h = 0; h < heads + 2; ++h) {
@@ -164,17 +171,7 @@ TEST_P(FusedOps, RotaryInPlaceOnHeadMajorLayout) {
   auto x = randn(size_t(tokens) * heads * d, 5);
   const auto x0 = x;
   const auto cos = randn(size_t(tokens) * d, 6), sin = randn(cos.size(), 7);
-  pk::RotaryParams p;
-  p.x = x.data();
-  p.x_token_stride = d;
-  p.x_head_stride = int64_t{tokens} * d;
-  p.cos = cos.data();
-  p.sin = sin.data();
-  p.cos_token_stride = p.sin_token_stride = d;
-  p.num_tokens = tokens;
-  p.num_heads = heads;
-  p.head_dim = d;
-  pk::rotary_embedding(p);
+  pk::rotary_embedding(rotary_params(x, d, int64_t{tokens} * d, cos, sin, tokens, heads, d));
   for (int h = 0; h < heads; ++h) {
     for (int t = 0; t < tokens; ++t) {
       for (int i = 0; i < d; ++i) {
