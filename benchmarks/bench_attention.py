@@ -82,9 +82,25 @@ class Bandwidth:
         self.buf = huge_pages.zeros((int(gib * (1 << 30)) // 4,), torch.float32)
         self.buf.fill_(1.0)
         _core.stream_read_sum(self.buf)
+        self.lowest, self.highest = math.inf, 0.0  # bytes/s of the probes so far
 
     def measure(self) -> float:
-        return self.buf.numel() * 4 / timed(lambda: _core.stream_read_sum(self.buf))
+        rate = self.buf.numel() * 4 / timed(lambda: _core.stream_read_sum(self.buf))
+        self.lowest, self.highest = min(self.lowest, rate), max(self.highest, rate)
+        return rate
+
+    def against_highest(self, rows: list) -> str:
+        """Adds frac_of_run_max_bw (the row's kernel rate over the highest probe of the run) to
+        each row; returns a line saying so. On a shared host the probe steps between levels
+        (a 2-core Zen 4 VM: 30-38 and 42-66 GB/s) while the kernels' rates stay put, so the
+        per-round fractions follow the probe; this one does not."""
+        for r in rows:
+            r["frac_of_run_max_bw"] = r["kv_gbps"] * 1e9 / self.highest
+        cases = ", ".join(f"{r['storage']} {r['batch']}x{r['context']}"
+                          f"{' ' + r['engine'] if 'engine' in r else ''} "
+                          f"{r['frac_of_run_max_bw']:.2f}" for r in rows)
+        return (f"probes of this run: {self.lowest / 1e9:.1f}-{self.highest / 1e9:.1f} GB/s; "
+                f"each kernel rate over the highest: {cases}")
 
 
 VLLM_BLOCKS = (16, 128)  # pagedllm's block size, and vLLM's CPU default
@@ -403,7 +419,10 @@ def main() -> None:
         if out == str(Path(__file__).parent / "results" / "attention.json"):
             out = str(Path(__file__).parent / "results" / "attention_engines.json")
         args.out = out
-        write_results(args, [], [], [], run_engines(bw, args.rounds, gen))
+        engines = run_engines(bw, args.rounds, gen)
+        print(bw.against_highest(engines))
+        args.run_bw = (bw.lowest / 1e9, bw.highest / 1e9)
+        write_results(args, [], [], [], engines)
         return
     decode = []
     peer, args.peer = start_peer(args.no_peer)
@@ -427,6 +446,8 @@ def main() -> None:
     finally:
         if peer is not None:
             peer.close()
+    print(bw.against_highest(decode))
+    args.run_bw = (bw.lowest / 1e9, bw.highest / 1e9)
     if args.headline:
         write_results(args, decode, [], [])
         return
@@ -465,6 +486,7 @@ def write_results(args, decode, generic, prefill, engines=()) -> None:
                 threads=_core.get_num_threads(),
                 clock="thread_time" if args.cpu_time else "perf_counter",
                 torch=torch.__version__, rounds=args.rounds, peer=getattr(args, "peer", None),
+                read_bw_range_gbps=getattr(args, "run_bw", None),
                 load_avg=os.getloadavg() if hasattr(os, "getloadavg") else None)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(dict(meta=meta, decode=decode, decode_generic=generic,

@@ -57,3 +57,18 @@ def test_case_decodes_like_the_engine_it_names(storage, block):
 def test_peer_gets_its_fp8_case_for_both_fp8_queries():
     assert ba.peer_storage("fp8") == ba.peer_storage("fp8_fp32q") == "fp8"
     assert ba.peer_storage("bf16") == "bf16"
+
+
+def test_rates_against_the_highest_probe_of_the_run():
+    # The probe steps between levels on a shared host while the kernels' rates stay put: each
+    # case is also given as a fraction of the run's highest probe, which the steps do not move.
+    from benchmarks.bench_attention import Bandwidth
+
+    bw = Bandwidth.__new__(Bandwidth)  # no 1 GiB buffer: only the bookkeeping
+    bw.lowest, bw.highest = 35e9, 64e9
+    rows = [dict(storage="fp32", batch=16, context=2048, kv_gbps=32.0),
+            dict(storage="fp8", batch=1, context=8192, engine="avx512_bf16", kv_gbps=16.0)]
+    line = bw.against_highest(rows)
+    assert [r["frac_of_run_max_bw"] for r in rows] == [0.5, 0.25]
+    assert line == ("probes of this run: 35.0-64.0 GB/s; each kernel rate over the highest: "
+                    "fp32 16x2048 0.50, fp8 1x8192 avx512_bf16 0.25")
