@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_attention import (  # noqa: E402
-    HEAD_DIM, KV_HEADS, Bandwidth, decode_kernel, make_decode_case)
+    HEAD_DIM, KV_HEADS, STORAGE, Bandwidth, decode_kernel, make_decode_case)
 from benchmarks.common import write_results  # noqa: E402
 from pagedllm import _core  # noqa: E402
 
@@ -64,8 +64,7 @@ def last_level_cache_bytes() -> int:
 
 def token_bytes(storage: str) -> int:
     """K and V bytes of one token (all KV heads) in this storage."""
-    elem = make_decode_case(1, 16, storage, torch.Generator().manual_seed(0),
-                            sdpa=False)["kc"].element_size()
+    elem = torch.empty((), dtype=STORAGE[storage][0]).element_size()  # the cache tensor's
     return 2 * KV_HEADS * HEAD_DIM * elem
 
 
