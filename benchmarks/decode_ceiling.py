@@ -11,17 +11,18 @@ query, as a bf16 model has it):
          the last-level cache (64-2048 tokens); read once before timing, so every call reads
          them from there
   dram   the same context, as many sequences as 256 MiB of K/V hold: far past any cache
-Both cases have the same context and enough sequences that no sequence is split over threads,
-so the kernel does the same work per sequence and per thread in both; only where the bytes
-come from differs. (With fewer sequences than that, the split and merge of partitions, or
-per-sequence costs spread over other lengths, move the cache case more than the memory does.)
 in interleaved rounds, each round at one thread and at the pool's size, with the read
 bandwidth probe (stream_read_sum, 1 GiB) before each round. Reported per storage and thread
 count, medians over rounds: K/V bytes per second from DRAM and from cache, their ratio
 (dram_over_cache: near 1 when the arithmetic is the limit, well under 1 when the memory is),
 and the DRAM rate over the probe of the same round.
+Both cases have the same context and enough sequences that no sequence is split over threads,
+so the kernel does the same work per sequence and per thread in both; only where the bytes
+come from differs. (With fewer sequences than that, the split and merge of partitions, or
+per-sequence costs spread over other lengths, move the cache case more than the memory does.)
 
-Usage: PYTHONPATH=.:python python benchmarks/decode_ceiling.py [--rounds 7] [--storages fp32,bf16,fp8]
+Usage: PYTHONPATH=.:python python benchmarks/decode_ceiling.py [--rounds 7]
+       [--storages fp32,bf16,fp8] [--probe-gib 1] [--name decode_ceiling]
 Writes benchmarks/results/decode_ceiling.json.
 """
 
@@ -104,7 +105,8 @@ def measure(storages: list, rounds: int, dram_bytes: int = DRAM_BYTES,
         dram_bytes: K/V bytes of the DRAM case.
         probe_gib: size of the sequential read probe.
     Returns:
-        {"rows": one dict per (storage, threads), "llc_bytes", "probe_gbps", "threads"}.
+        {"rows": one dict per (storage, threads), "llc_bytes", "threads", "probe_gbps",
+        "engine", "cpu_engines"}.
     """
     all_threads = _core.get_num_threads()
     thread_counts = sorted({1, all_threads})
@@ -136,9 +138,9 @@ def measure(storages: list, rounds: int, dram_bytes: int = DRAM_BYTES,
             d, c = runs[(st, th, "dram")], runs[(st, th, "cache")]
             rows.append({
                 "storage": st, "threads": th, "kernel": decode_kernel(st),
-                "dram_case": [cases[st]["dram"]["lens"].numel(), int(cases[st]["dram"]["lens"][0])],
-                "cache_case": [cases[st]["cache"]["lens"].numel(),
-                               int(cases[st]["cache"]["lens"][0])],
+                **{f"{where}_case": [cases[st][where]["lens"].numel(),
+                                     int(cases[st][where]["lens"][0])]
+                   for where in ("dram", "cache")},
                 "dram_gbps": statistics.median(d) / 1e9,
                 "cache_gbps": statistics.median(c) / 1e9,
                 "dram_over_cache": statistics.median(x / y for x, y in zip(d, c)),
