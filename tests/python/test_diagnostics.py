@@ -12,7 +12,8 @@ import pytest
 from engine_fixtures import assert_pool_clean, engine_model_dir, mixed_prompts  # noqa: F401
 from pagedllm import LLM, SamplingParams
 from pagedllm.config import EngineConfig
-from pagedllm.engine.kv_sizing import GPU_BLOCK_SIZE_TABLE, resolve_block_size, seed_rule
+from pagedllm.engine.kv_sizing import (GPU_BLOCK_SIZE_TABLE, resolve_block_size, seed_rule,
+                                       watermark_block_count)
 
 
 def greedy(max_tokens=8):
@@ -189,6 +190,8 @@ def test_admission_error_watermark_names_it_and_figures_that_work(engine_model_d
     msg = str(e.value)
     assert "needs 15 to be admitted" in msg and "the watermark keeps" in msg
     assert "raise num_kv_blocks to at least 29" in msg and "max_tokens" not in msg
+    # num_kv_blocks sized this pool: a kv_cache_memory_bytes would be ignored, so not advised
+    assert "kv_cache_memory_bytes" not in msg
     most = float(msg.split("lower watermark to at most ")[1].split(",")[0])
     for options in (dict(num_kv_blocks=29, watermark=0.5), dict(num_kv_blocks=num_blocks,
                                                                  watermark=most)):
@@ -201,7 +204,7 @@ def test_blocks_to_admit_is_the_least_that_admits():
         for admit in range(1, 60):
             for need in (admit, admit + 7):
                 n = kd.blocks_to_admit(need, admit, watermark)
-                fits = [m >= need and m - min(int(watermark * m), m - 1) >= admit
+                fits = [m >= need and m - watermark_block_count(watermark, m) >= admit
                         for m in (n - 1, n)]
                 assert fits == [False, True], (watermark, admit, need, n)
 

@@ -35,7 +35,7 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from pagedllm.engine.kv_sizing import seed_rule
+from pagedllm.engine.kv_sizing import seed_rule, watermark_block_count
 
 logger = logging.getLogger("pagedllm")
 
@@ -182,18 +182,19 @@ def diagnose_pressure(stats: Dict, num_running: int, mean_seq_len: float,
 def blocks_to_admit(need_blocks: int, admit_blocks: int, watermark: float) -> int:
     """The fewest pool blocks that admit a request: at least `need_blocks` in all, and
     `admit_blocks` left after the watermark the engine keeps of that pool
-    (min(int(watermark * n), n - 1) blocks, as kv_sizing.plan_kv_pool)."""
+    (kv_sizing.watermark_block_count)."""
     # n - int(watermark n) grows with n and is below n (1 - watermark) + 1: no n under
     # (admit - 1) / (1 - watermark) admits, so the search starts there
     n = max(need_blocks, admit_blocks, 1, int((admit_blocks - 1) / (1.0 - watermark)))
-    while n - min(int(watermark * n), n - 1) < admit_blocks:
+    while n - watermark_block_count(watermark, n) < admit_blocks:
         n += 1
     return n
 
 
 def admission_error(request_id: str, prompt_tokens: int, total_tokens: int, need_blocks: int,
                     admit_blocks: int, num_blocks: int, watermark_blocks: int, block_size: int,
-                    bytes_per_block: int, stats: Dict, watermark: float = 0.0) -> str:
+                    bytes_per_block: int, stats: Dict, watermark: float = 0.0,
+                    sized_by_blocks: bool = False) -> str:
     """The add_request error of a request that can never fit the pool.
 
     A single request is refused only for too few blocks, never for their size: it needs
@@ -209,6 +210,8 @@ def admission_error(request_id: str, prompt_tokens: int, total_tokens: int, need
         num_blocks, watermark_blocks, block_size, bytes_per_block: the pool.
         stats: KVCacheManager.stats() (with "shared_blocks" if known).
         watermark: the watermark fraction (EngineConfig.watermark) the pool was sized with.
+        sized_by_blocks: num_kv_blocks set the pool (KVPlan.sized_by_blocks): a byte budget
+            would be ignored, so only num_kv_blocks is advised.
     Returns:
         "request <id>: <symptom>: <numbers>. Likely cause: ... Knob: ..."; its figures are ones
         that work: the num_kv_blocks it names admits the request.
@@ -219,8 +222,9 @@ def admission_error(request_id: str, prompt_tokens: int, total_tokens: int, need
             f"to be admitted, {usable} admissible with watermark {watermark_blocks}); "
             + pool_numbers(stats, need_blocks))
     want = blocks_to_admit(need_blocks, admit_blocks, watermark)
-    knobs = [f"raise num_kv_blocks to at least {want} or kv_cache_memory_bytes to at least "
-             f"{want * bytes_per_block}"]
+    knobs = [f"raise num_kv_blocks to at least {want}" + (
+        "" if sized_by_blocks else
+        f" or kv_cache_memory_bytes to at least {want * bytes_per_block}")]
     if admit_blocks > usable:  # the prompt alone: max_tokens cannot help
         cause = (f"the prompt needs {admit_blocks} blocks and the watermark keeps "
                  f"{watermark_blocks} of the {num_blocks} free, leaving {usable}")

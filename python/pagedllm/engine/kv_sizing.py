@@ -22,6 +22,8 @@ class KVPlan:
         max_model_len: the longest sequence the engine will accept.
         watermark_blocks: blocks kept free when admitting new requests.
         block_size: tokens per block.
+        sized_by_blocks: num_kv_blocks set the pool (kv_cache_memory_bytes is then ignored,
+            so advice names num_kv_blocks only).
     """
 
     num_blocks: int
@@ -29,6 +31,13 @@ class KVPlan:
     max_model_len: int
     watermark_blocks: int
     block_size: int
+    sized_by_blocks: bool = False
+
+
+def watermark_block_count(watermark: float, num_blocks: int) -> int:
+    """Blocks a pool of `num_blocks` keeps free when admitting: int(watermark * num_blocks),
+    at most num_blocks - 1 (so one block stays admissible)."""
+    return min(int(watermark * num_blocks), num_blocks - 1)
 
 
 # Block sizes the kernels support (paged attention, cache writes: any size in this range).
@@ -128,7 +137,7 @@ def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int,
             raise ValueError(
                 f"the KV cache budget {budget_desc} holds no block at all; raise "
                 f"kv_cache_memory_bytes to at least {bytes_per_block} (one block){smaller}")
-    watermark_blocks = min(int(config.watermark * num_blocks), num_blocks - 1)
+    watermark_blocks = watermark_block_count(config.watermark, num_blocks)
     capacity = num_blocks * bs
     usable = (num_blocks - watermark_blocks) * bs  # what one admitted prompt may take
     sparse = config.sparse_attention
@@ -167,4 +176,5 @@ def plan_kv_pool(config: EngineConfig, bytes_per_block: int, model_max_len: int,
             f"the KV cache ({budget_desc}: {num_blocks} blocks of {bs} tokens, {watermark_blocks} "
             f"kept free as watermark) cannot admit even a 2-token prompt; raise "
             f"kv_cache_memory_bytes or num_kv_blocks, or lower watermark")
-    return KVPlan(num_blocks, bytes_per_block, max_model_len, watermark_blocks, bs)
+    return KVPlan(num_blocks, bytes_per_block, max_model_len, watermark_blocks, bs,
+                  config.num_kv_blocks is not None)

@@ -239,7 +239,7 @@ class LLMEngine:
         if total > self.max_model_len:
             why = ""
             if self.config.max_model_len is None and self.max_model_len < self.model_config.max_position_embeddings:
-                knob = ("num_kv_blocks" if self.config.num_kv_blocks is not None  # it rules
+                knob = ("num_kv_blocks" if self.plan.sized_by_blocks  # it rules
                         else "kv_cache_memory_bytes or num_kv_blocks")
                 why = (f"; the KV pool ({self.plan.num_blocks} blocks of {self.block_size} "
                        f"tokens) set that limit ({kv_diagnostics.LONG_OOM}: too few blocks): "
@@ -255,7 +255,7 @@ class LLMEngine:
             raise ValueError(kv_diagnostics.admission_error(
                 request_id, len(ids), total, need, admit, self.plan.num_blocks,
                 self.plan.watermark_blocks, bs, self.plan.bytes_per_block, self.pool_stats(),
-                self.config.watermark))
+                self.config.watermark, self.plan.sized_by_blocks))
 
     def add_request(self, request_id: Optional[str], prompt: PromptType,
                     params: Optional[SamplingParams] = None, arrival_time: Optional[float] = None,
