@@ -219,3 +219,20 @@ def test_tensor_parallel_refuses_an_mllama_checkpoint_clearly(mllama_dir):
                                          "supported with tensor_parallel_size=2") as info:
         LLM(mllama_dir, num_kv_blocks=16, tensor_parallel_size=2, device="cpu")
     assert "architectures" not in str(info.value)
+
+
+def test_a_cross_pool_past_the_memory_left_is_refused_before_it_is_allocated(mllama_dir,
+                                                                              monkeypatch):
+    # The pool check ran after the cross pool was allocated and left its bytes out: a self
+    # pool that fit passed however large num_cross_kv_blocks was.
+    from pagedllm.engine import device as devices
+
+    layout = make_llm(mllama_dir, num_kv_blocks=16, num_cross_kv_blocks=1).engine.executor.layout
+    total = 16 * layout.plan.bytes_per_block + 64 * layout.cross_bytes_per_block
+    monkeypatch.setattr(devices, "_host_available_bytes", lambda: total - 1)
+    with pytest.raises(ValueError, match=r"num_kv_blocks=16\) with its cross-attention pool "
+                                         r"takes .* lower num_kv_blocks \(the cross pool: "
+                                         r"num_cross_kv_blocks or cross_kv_fraction\)$"):
+        make_llm(mllama_dir, num_kv_blocks=16, num_cross_kv_blocks=64)
+    monkeypatch.setattr(devices, "_host_available_bytes", lambda: total)
+    make_llm(mllama_dir, num_kv_blocks=16, num_cross_kv_blocks=64)  # exactly what is left

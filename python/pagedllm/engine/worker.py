@@ -144,6 +144,7 @@ class Worker:
             device_budget = parallel.comm.min_over_ranks(device_budget)
         mllama = getattr(model, "mllama_config", None)
         self.cross_kv: Optional[PagedKVCache] = None
+        cross_bytes = 0
         if mllama is None:
             plan = plan_kv_pool(config, bytes_per_block,
                                 self.model_config.max_position_embeddings, device_budget,
@@ -156,14 +157,7 @@ class Worker:
             plan, num_cross = plan_mllama_pools(
                 config, bytes_per_block, cross_bpb, self.model_config.max_position_embeddings,
                 device_budget, block_size)
-            self.cross_kv = PagedKVCache(mllama.cross_text, num_cross, plan.block_size,
-                                         config.kv_cache_dtype, config.k_scale, config.v_scale,
-                                         dtype=self.dtype, device=self.device)
-        self._check_pools_fit(config, plan, bytes_per_block)
-        self.kv_cache = PagedKVCache(pool_config, plan.num_blocks, plan.block_size,
-                                     config.kv_cache_dtype, config.k_scale, config.v_scale,
-                                     dtype=self.dtype, device=self.device,
-                                     key_bounds=key_bounds)
+            cross_bytes = num_cross * cross_bpb
         num_host_blocks = 0
         self.host_pool = None
         if config.preemption_mode == "swap":
@@ -174,6 +168,17 @@ class Worker:
                     f"bytes each); raise swap_space or use preemption_mode='recompute'")
             # Never more host blocks than the device pool has: a victim's blocks come from it.
             num_host_blocks = min(num_host_blocks, plan.num_blocks)
+        # Before any pool is allocated: a pool past the memory left fails here, naming its
+        # option, not inside torch's allocator.
+        self._check_pools_fit(config, plan, bytes_per_block, num_host_blocks, cross_bytes)
+        if mllama is not None:
+            self.cross_kv = PagedKVCache(mllama.cross_text, num_cross, plan.block_size,
+                                         config.kv_cache_dtype, config.k_scale, config.v_scale,
+                                         dtype=self.dtype, device=self.device)
+        self.kv_cache = PagedKVCache(pool_config, plan.num_blocks, plan.block_size,
+                                     config.kv_cache_dtype, config.k_scale, config.v_scale,
+                                     dtype=self.dtype, device=self.device,
+                                     key_bounds=key_bounds)
         self.streams = None
         if on_gpu:
             from pagedllm import _core
@@ -198,11 +203,14 @@ class Worker:
                     plan.block_size, plan.num_blocks * bytes_per_block / (1 << 20),
                     f", {num_host_blocks} host swap blocks" if num_host_blocks else "")
 
-    def _check_pools_fit(self, config: EngineConfig, plan: KVPlan, bytes_per_block: int) -> None:
-        """Refuses a KV pool (and, on the CPU, a host swap pool beside it) larger than the
-        memory left, naming the option that sized it."""
-        pool = plan.num_blocks * bytes_per_block
-        if config.num_kv_blocks is not None:
+    def _check_pools_fit(self, config: EngineConfig, plan: KVPlan, bytes_per_block: int,
+                         num_host_blocks: int, cross_bytes: int) -> None:
+        """Refuses KV pools larger than the memory left, naming the option that sized them:
+        the KV pool with the Mllama cross-attention pool (`cross_bytes`, sized with it), and
+        the host swap pool of `num_host_blocks` (beside them on the CPU, on its own on a
+        GPU)."""
+        pool = plan.num_blocks * bytes_per_block + cross_bytes
+        if plan.sized_by_blocks:
             sized, knob = f"num_kv_blocks={config.num_kv_blocks}", "num_kv_blocks"
         elif config.kv_cache_memory_bytes is not None:
             sized = f"kv_cache_memory_bytes={config.kv_cache_memory_bytes}"
@@ -211,9 +219,10 @@ class Worker:
             sized = "the default budget"
             knob = "kv_cache_memory_bytes or num_kv_blocks"
         what = f"the KV pool ({plan.num_blocks} blocks of {plan.block_size} tokens, {sized})"
-        host = 0  # the swap pool: as many blocks as swap_space holds, at most the pool's
-        if config.preemption_mode == "swap":
-            host = min(config.swap_space_bytes // bytes_per_block, plan.num_blocks) * bytes_per_block
+        if cross_bytes:
+            what = f"{what} with its cross-attention pool"
+            knob = f"{knob} (the cross pool: num_cross_kv_blocks or cross_kv_fraction)"
+        host = num_host_blocks * bytes_per_block
         swap = f"host swap pool (swap_space={config.swap_space} GiB)"
         if host and self.device.type != "cuda":  # both in host memory
             pool, what, knob = pool + host, f"{what} with its {swap}", f"{knob} or swap_space"
