@@ -141,6 +141,7 @@ TEST(PrefixCache, PublicMethodsCheckIdsAndState) {
   EXPECT_EQ(c.lru_front(), kNoBlock);
   try {
     c.is_cached(4);
+    ADD_FAILURE() << "is_cached(4) on a 4-block pool did not throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("PrefixCache::is_cached: block 4 is outside the pool [0, 4)"),
               std::string::npos)

@@ -73,7 +73,7 @@ void validate(const LinearParams& p) {
                      "linear: y row stride " << p.y_row_stride << " must be >= out_features "
                                              << p.out_features);
   // y is written while x, the packed weight and the bias are still being read.
-  const int64_t es = p.dtype == ScalarType::kFloat32 ? 4 : 2;
+  const int64_t es = element_size(p.dtype);
   const int64_t y_bytes = matrix_bytes("linear", "y", p.rows, p.y_row_stride, p.out_features, es);
   check_disjoint("linear", "y", p.y, y_bytes, "x", p.x,
                  matrix_bytes("linear", "x", p.rows, p.x_row_stride, p.in_features, es));
@@ -173,7 +173,7 @@ void pack_linear_weight(const PackLinearParams& p) {
                      "pack_linear_weight: weight row stride " << p.weight_row_stride
                                                               << " must be >= in_features "
                                                               << p.in_features);
-  const int64_t es = p.dtype == ScalarType::kFloat32 ? 4 : 2;
+  const int64_t es = element_size(p.dtype);
   check_disjoint("pack_linear_weight", "packed", p.packed,
                  packed_linear_elements(p.dtype, p.out_features, p.in_features) * es, "weight",
                  p.weight,
