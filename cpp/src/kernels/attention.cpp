@@ -169,18 +169,6 @@ int decode_partition_len(int64_t units, int max_len) {
   return static_cast<int>(len);
 }
 
-// Partitions of part_len tokens covering max_len tokens (at least 1), counted in int64: the sum
-// max_len + part_len - 1 overflows int32 for a context near 2^31.
-int partition_count(int max_len, int part_len) {
-  return static_cast<int>(std::max<int64_t>(1, (int64_t{max_len} + part_len - 1) / part_len));
-}
-
-// End of the partition starting at `begin` of a context of len tokens: min(len, begin +
-// part_len), the sum in int64 (it passes INT32_MAX in the last partition of a 2^31 context).
-int partition_end(int len, int begin, int part_len) {
-  return static_cast<int>(std::min<int64_t>(len, int64_t{begin} + part_len));
-}
-
 // Decode's split-K partials, [num_seqs, kv heads, parts, group] x (max, sum, acc[hd]); empty
 // when parts == 1.
 struct Partials {

@@ -1,10 +1,12 @@
 // attention_rows.h (internal) — what the attention drivers (attention.cpp, cross_attention.cpp)
 // share around the engine: per-thread scratch, query rows in and output rows out (activation
-// type <-> float32), the engine task of one (sequence, KV head), and the scale factors that fold
-// the softmax scale, fp8 scales and the engine's e4m3 read factor into the query and output.
+// type <-> float32), the engine task of one (sequence, KV head), the split-K partition counts,
+// and the scale factors that fold the softmax scale, fp8 scales and the engine's e4m3 read
+// factor into the query and output.
 // Thread-safety: thread_scratch() is per thread; the rest is stateless.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -37,6 +39,18 @@ void store_out(const AttentionParams& p, int token, int head, const float* acc, 
 // The engine task for `rows` query rows (q [rows, head_dim]) of KV head `kvh` of sequence `seq`
 // (limits, range and state pointers left for the caller).
 AttendTask make_task(const AttentionParams& p, int seq, int kvh, const float* q, int rows);
+
+// Partitions of part_len tokens covering max_len tokens (at least 1), counted in int64: the sum
+// max_len + part_len - 1 overflows int32 for a context near 2^31.
+inline int partition_count(int max_len, int part_len) {
+  return static_cast<int>(std::max<int64_t>(1, (int64_t{max_len} + part_len - 1) / part_len));
+}
+
+// End of the partition starting at `begin` of a context of len tokens: min(len, begin +
+// part_len), the sum in int64 (it passes INT32_MAX in the last partition of a 2^31 context).
+inline int partition_end(int len, int begin, int part_len) {
+  return static_cast<int>(std::min<int64_t>(len, int64_t{begin} + part_len));
+}
 
 // Factor on the query: softmax scale, fp8 k_scale, and undoing the engine's e4m3 read factor.
 float query_mul(const AttentionParams& p, const EngineOps& ops);

@@ -96,9 +96,7 @@ void run_cross(const AttentionParams& p, const int32_t* ranges) {
   const int64_t pairs = static_cast<int64_t>(tiles.size()) * kvh_count;
   const int max_span = std::max(tiles.front().end - tiles.front().begin, 0);  // widest first
   const int part_len = partition_len(pairs, max_span);
-  // int64 sums: a span near 2^31 overflowed them.
-  const int parts =
-      static_cast<int>(std::max<int64_t>(1, (int64_t{max_span} + part_len - 1) / part_len));
+  const int parts = partition_count(max_span, part_len);
 
   // Split-K partials: [pairs, parts, tile rows] x (max, sum, acc[hd]), rows padded to the
   // largest tile's.
@@ -118,7 +116,7 @@ void run_cross(const AttentionParams& p, const int32_t* ranges) {
     const int64_t begin64 = tile.begin + static_cast<int64_t>(part) * part_len;
     if (parts > 1 && begin64 >= tile.end) return;  // an empty partition: partials stay (-inf, 0)
     const int begin = static_cast<int>(begin64);
-    const int end = static_cast<int>(std::min<int64_t>(tile.end, begin64 + part_len));
+    const int end = partition_end(tile.end, begin, part_len);
     AttentionScratch& s = thread_scratch();
     s.resize(rows, hd);
     AttendTask t = make_task(p, tile.seq, kvh, s.q.data(), rows);
