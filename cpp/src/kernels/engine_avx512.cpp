@@ -19,7 +19,7 @@
 #include <cstdint>
 
 #include "engine.h"
-#include "engine_avx512_math.h"  // vexp (shared with the avx512_bf16 engine)
+#include "engine_avx512_math.h"  // vexp, vsum16 (shared with the avx512_bf16 engine)
 
 #define PAGEDLLM_ENGINE_NS avx512_engine_ns
 
@@ -53,29 +53,8 @@ inline float vhsum(V a) { return _mm512_reduce_add_ps(a); }
 
 constexpr int kAcc = 16;  // accumulators per register tile, of 32 vector registers
 
-// out[i] = sum of the lanes of a[i] for 8 vectors: halves added, then a transposing hadd tree.
-inline void vsum8(const V* a, float* out) {
-  __m256 h[8];
-  for (int i = 0; i < 8; ++i) {
-    h[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]),
-                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[i]), 1)));
-  }
-  const __m256 t0 = _mm256_hadd_ps(h[0], h[1]);
-  const __m256 t1 = _mm256_hadd_ps(h[2], h[3]);
-  const __m256 t2 = _mm256_hadd_ps(h[4], h[5]);
-  const __m256 t3 = _mm256_hadd_ps(h[6], h[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1);
-  const __m256 u1 = _mm256_hadd_ps(t2, t3);
-  const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20);
-  const __m256 hi = _mm256_permute2f128_ps(u0, u1, 0x31);
-  _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
-}
-
 // out[i] = sum of the lanes of a[i], i < kAcc.
-inline void vsum_tile(const V* a, float* out) {
-  vsum8(a, out);
-  vsum8(a + 8, out + 8);
-}
+inline void vsum_tile(const V* a, float* out) { _mm512_store_ps(out, vsum16(a)); }
 
 // fp8 e4m3fn bytes, sign-extended to 16-bit lanes, as IEEE halves of value * 2^-8, exact
 // (subnormals included; the NaN byte gives a half NaN): shifting left by 7 gives

@@ -42,7 +42,7 @@
 
 #include "chunk_rows.h"  // Chunk, gather_chunk, prefetch_range / prefetch_chunk, chunk_tokens
 #include "engine.h"
-#include "engine_avx512_math.h"  // vexp (the avx512 engine's)
+#include "engine_avx512_math.h"  // vexp, vsum16 (the avx512 engine's)
 #include "fp8_bf16_avx512.h"
 
 namespace pagedllm::kernels {
@@ -59,21 +59,6 @@ inline int imin(int a, int b) { return a < b ? a : b; }
 inline int imax(int a, int b) { return a > b ? a : b; }
 
 inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
-
-// ---- float helpers (vexp: engine_avx512_math.h) -------------------------------------------
-
-// out[i] = sum of the lanes of a[i] for 8 vectors: halves added, then a transposing hadd tree.
-inline void vsum8(const __m512* a, float* out) {
-  __m256 h[8];
-  for (int i = 0; i < 8; ++i) {
-    h[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]),
-                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[i]), 1)));
-  }
-  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
-  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(h[4], h[5]), _mm256_hadd_ps(h[6], h[7]));
-  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                                      _mm256_permute2f128_ps(u0, u1, 0x31)));
-}
 
 // ---- the permuted layouts -------------------------------------------------------------------
 //
@@ -164,12 +149,13 @@ void tile_scores(const uint16_t* qb, int hd, float mul, const Chunk& c, int n, c
         }
       }
     }
-    alignas(64) float sums[16];
-    vsum8(acc, sums);
-    vsum8(acc + 8, sums + 8);
-    _mm512_store_ps(sums, _mm512_mul_ps(_mm512_load_ps(sums), _mm512_set1_ps(mul)));
-    for (int r = 0; r < R; ++r)
-      for (int j = 0; j < TT && t0 + j < n; ++j) s[r][t0 + j] = sums[r * TT + j];
+    // Lane r TT + j holds s[r][t0 + j]: each row's lanes stored straight from the register
+    // (masked: only tokens below n).
+    const __m512 sums = _mm512_mul_ps(vsum16(acc), _mm512_set1_ps(mul));
+    const __mmask16 tokens = static_cast<__mmask16>((1u << imin(TT, n - t0)) - 1);
+    for (int r = 0; r < R; ++r) {
+      _mm512_mask_storeu_ps(&s[r][t0] - r * TT, static_cast<__mmask16>(tokens << (r * TT)), sums);
+    }
   }
 }
 
