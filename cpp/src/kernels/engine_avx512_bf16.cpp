@@ -149,8 +149,9 @@ void tile_scores(const uint16_t* qb, int hd, float mul, const Chunk& c, int n, c
         }
       }
     }
-    // Lane r TT + j holds s[r][t0 + j]: each row's lanes stored straight from the register
-    // (masked: only tokens below n).
+    // Lane r TT + j holds s[r][t0 + j]: each row's lanes stored straight from the register,
+    // masked to tokens below n. The store's lane 0 sits r TT floats before s[r][t0], still
+    // inside s (TT <= kChunk); masked-off lanes are never accessed.
     const __m512 sums = _mm512_mul_ps(vsum16(acc), _mm512_set1_ps(mul));
     const __mmask16 tokens = static_cast<__mmask16>((1u << imin(TT, n - t0)) - 1);
     for (int r = 0; r < R; ++r) {
