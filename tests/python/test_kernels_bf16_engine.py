@@ -77,9 +77,10 @@ def _scales(kv_dtype):
 
 @pytest.mark.parametrize("kv_dtype", ROUNDED)
 # (128, 64): 64 heads' bf16 query rows fill the lockstep buffer exactly; (256, 64) overflow it
-# (one task per head); (65, 65): more heads than one lockstep call takes.
-@pytest.mark.parametrize("heads,kvh", [(8, 8), (32, 8), (32, 4), (12, 4), (16, 1), (40, 1),
-                                       (128, 64), (256, 64), (65, 65)])
+# (one task per head); (65, 65): more heads than one lockstep call takes. Groups 1 to 4 and 6
+# (tiles of 4 and 2 rows) reach every register tile height, whose scores land by masked stores.
+@pytest.mark.parametrize("heads,kvh", [(8, 8), (32, 8), (32, 4), (12, 4), (12, 2), (16, 1),
+                                       (40, 1), (128, 64), (256, 64), (65, 65)])
 def test_decode_gqa_ratios(kv_dtype, heads, kvh):
     gen = torch.Generator().manual_seed(heads * 10 + kvh)
     ks, vs = _scales(kv_dtype)
