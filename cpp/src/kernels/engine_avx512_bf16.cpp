@@ -110,11 +110,13 @@ inline void permute_acc(float* row, int hd, bool in) {
 
 // ---- one register tile ---------------------------------------------------------------------
 
-// s[r][t] = mul * (q_r . k_t) for the R bf16 query rows qb ([R, hd]) and t < n; prefetches the
-// K rows of the chunk ahead when `next` is set.
-template <CacheType CT, int R>
+// mul * (q_r . k_t) for the R bf16 query rows qb ([R, hd]) and t < n, TT = 16 / R tokens at a
+// time: sink(t0, sums) gets lane r TT + j = row r's score of token t0 + j (j < TT; lanes of tokens
+// at or past n and lanes from R TT up hold junk). Prefetches the K rows of the chunk ahead when
+// `next` is set.
+template <CacheType CT, int R, class Sink>
 void tile_scores(const uint16_t* qb, int hd, float mul, const Chunk& c, int n, const Chunk* next,
-                 float (*s)[kChunk]) {
+                 Sink&& sink) {
   constexpr int TT = 16 / R;  // tokens per pass: R x TT <= 16 accumulators
   constexpr int es = cache_elem_size<CT>();
   for (int t0 = 0; t0 < n; t0 += TT) {
@@ -149,15 +151,23 @@ void tile_scores(const uint16_t* qb, int hd, float mul, const Chunk& c, int n, c
         }
       }
     }
-    // Lane r TT + j holds s[r][t0 + j]: each row's lanes stored straight from the register,
-    // masked to tokens below n. The store's lane 0 sits r TT floats before s[r][t0], still
-    // inside s (TT <= kChunk); masked-off lanes are never accessed.
-    const __m512 sums = _mm512_mul_ps(vsum16(acc), _mm512_set1_ps(mul));
+    sink(t0, _mm512_mul_ps(vsum16(acc), _mm512_set1_ps(mul)));
+  }
+}
+
+// s[r][t] = the tile's scores (tile_scores), t < n: each row's lanes stored straight from the
+// register, masked to tokens below n. The store's lane 0 sits r TT floats before s[r][t0], still
+// inside s (TT <= kChunk); masked-off lanes are never accessed.
+template <CacheType CT, int R>
+void scores_to_rows(const uint16_t* qb, int hd, float mul, const Chunk& c, int n,
+                    const Chunk* next, float (*s)[kChunk]) {
+  constexpr int TT = 16 / R;
+  tile_scores<CT, R>(qb, hd, mul, c, n, next, [&](int t0, __m512 sums) {
     const __mmask16 tokens = static_cast<__mmask16>((1u << imin(TT, n - t0)) - 1);
     for (int r = 0; r < R; ++r) {
       _mm512_mask_storeu_ps(&s[r][t0] - r * TT, static_cast<__mmask16>(tokens << (r * TT)), sums);
     }
-  }
+  });
 }
 
 // Online-softmax step of one row: p[0, nw) = bf16(exp(s - m')) (0 before `first` and at and
@@ -190,6 +200,108 @@ inline void row_softmax(float* s, int first, int visible, int n, float* row_max,
   if (alpha != 1.0f) {
     const __m512 av = _mm512_set1_ps(alpha);
     for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), av));
+  }
+}
+
+// ---- the decode tile's softmax in the scores' lanes -------------------------------------------
+//
+// When every row of a register tile sees all n tokens of the chunk (decode), the scores stay in
+// the lanes the reduction leaves them in (lane r TT + j: row r, token t0 + j; one vector per TT
+// tokens) and the online softmax runs on those vectors: the chunk's max is gathered while the
+// scores are computed, every exp covers all R rows, and each row pays one masked reduction for
+// its max and one for its sum, instead of a pass over its stored scores and two full reductions.
+
+// Lanes r TT + j, r < R and j < k (k <= TT = 16 / R): the R rows' first k tokens of a vector.
+template <int R>
+inline __mmask16 tile_lanes(int k) {
+  constexpr int TT = 16 / R;
+  unsigned m = 0;
+  for (int r = 0; r < R; ++r) m |= ((1u << k) - 1) << (r * TT);
+  return static_cast<__mmask16>(m);
+}
+
+// Row r's lanes of a vector.
+template <int R>
+inline __mmask16 row_lanes(int r) {
+  constexpr int TT = 16 / R;
+  return static_cast<__mmask16>(((1u << TT) - 1) << (r * TT));
+}
+
+// p[r][t0, t0 + TT) = the bf16 lanes r TT + j of pb (TT = 16 / R; t0 + TT <= kChunk for R != 3:
+// plain stores of the rows' pieces; R = 3 stores masked, inside p for the same reason as
+// scores_to_rows).
+template <int R>
+inline void store_p_rows(__m256i pb, uint16_t (*p)[kChunk], int t0) {
+  if constexpr (R == 4) {
+    const __m128i lo = _mm256_castsi256_si128(pb), hi = _mm256_extracti128_si256(pb, 1);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p[0] + t0), lo);
+    _mm_storeh_pd(reinterpret_cast<double*>(p[1] + t0), _mm_castsi128_pd(lo));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p[2] + t0), hi);
+    _mm_storeh_pd(reinterpret_cast<double*>(p[3] + t0), _mm_castsi128_pd(hi));
+  } else if constexpr (R == 2) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p[0] + t0), _mm256_castsi256_si128(pb));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p[1] + t0), _mm256_extracti128_si256(pb, 1));
+  } else if constexpr (R == 1) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p[0] + t0), pb);
+  } else {
+    constexpr int TT = 16 / R;
+    const int k = imin(TT, kChunk - t0);
+    for (int r = 0; r < R; ++r) {
+      _mm256_mask_storeu_epi16(p[r] + t0 - r * TT, static_cast<__mmask16>(((1u << k) - 1) << (r * TT)), pb);
+    }
+  }
+}
+
+// The tile's scores (tile_scores) and its online-softmax step for rows that all see the chunk's
+// n tokens: p[r][0, n) = bf16(exp(s - m')) (and p[r][n] = 0 when n is odd, the values' last
+// pair), each row's max and sum (of the rounded p) updated and its acc rescaled, as row_softmax
+// does for one row.
+template <CacheType CT, int R>
+void scores_softmax_lanes(const AttendTask& task, const uint16_t* qb, int row0, const Chunk& c,
+                          int n, const Chunk* next, uint16_t (*p)[kChunk]) {
+  constexpr int TT = 16 / R;
+  const int hd = task.head_dim;
+  alignas(64) float sv[(kChunk + TT - 1) / TT][16];  // the score vectors, -inf where unused
+  __m512 mx = _mm512_set1_ps(kNegInf);
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  tile_scores<CT, R>(qb + row0 * hd, hd, task.q_mul, c, n, next, [&](int t0, __m512 sums) {
+    const __m512 v = _mm512_mask_mov_ps(neg_inf, tile_lanes<R>(imin(TT, n - t0)), sums);
+    _mm512_store_ps(sv[t0 / TT], v);
+    mx = _mm512_max_ps(mx, v);  // a NaN score reaches the max (the second operand wins)
+  });
+  float* row_max = task.row_max + row0;
+  float* row_sum = task.row_sum + row0;
+  alignas(64) float shift[16], diff[16] = {};
+  float m_new[R];
+  for (int r = 0; r < R; ++r) {
+    const float m_blk = _mm512_mask_reduce_max_ps(row_lanes<R>(r), mx);
+    m_new[r] = row_max[r] > m_blk ? row_max[r] : m_blk;
+    diff[r] = row_max[r] - m_new[r];
+    for (int j = 0; j < TT; ++j) shift[r * TT + j] = -m_new[r];
+  }
+  for (int l = R * TT; l < 16; ++l) shift[l] = 0.0f;
+  alignas(64) float alphas[16];
+  _mm512_store_ps(alphas, vexp(_mm512_load_ps(diff)));
+  const __m512 shiftv = _mm512_load_ps(shift);
+  __m512 lsum = _mm512_setzero_ps();
+  for (int t0 = 0; t0 < n; t0 += TT) {
+    const __m256i pb = reinterpret_cast<__m256i>(
+        _mm512_cvtneps_pbh(vexp(_mm512_add_ps(_mm512_load_ps(sv[t0 / TT]), shiftv))));
+    store_p_rows<R>(pb, p, t0);
+    lsum = _mm512_add_ps(lsum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(pb), 16)));
+  }
+  if (n & 1) {
+    for (int r = 0; r < R; ++r) p[r][n] = 0;
+  }
+  for (int r = 0; r < R; ++r) {
+    const float alpha = row_max[r] == kNegInf ? 0.0f : alphas[r];
+    row_sum[r] = row_sum[r] * alpha + _mm512_mask_reduce_add_ps(row_lanes<R>(r), lsum);
+    row_max[r] = m_new[r];
+    if (alpha != 1.0f) {
+      float* acc = task.acc + (row0 + r) * hd;
+      const __m512 av = _mm512_set1_ps(alpha);
+      for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), av));
+    }
   }
 }
 
@@ -280,16 +392,22 @@ void attend_tile(const AttendTask& task, const uint16_t* qb, int row0, const Chu
     if (first[r] < visible[r]) n = imax(n, visible[r]);
   }
   if (n == 0) return;
-  alignas(64) float s[R][kChunk];
   alignas(64) uint16_t p[R][kChunk];
-  tile_scores<CT, R>(qb + row0 * hd, hd, task.q_mul, c, n, next, s);
-  for (int r = 0; r < R; ++r) {
-    if (first[r] >= visible[r]) {
-      for (int t = 0; t < n + 1 && t < kChunk; ++t) p[r][t] = 0;
-      continue;
+  bool whole = true;  // every row sees all n tokens (decode)
+  for (int r = 0; r < R; ++r) whole = whole && first[r] == 0 && visible[r] == n;
+  if (whole) {
+    scores_softmax_lanes<CT, R>(task, qb, row0, c, n, next, p);
+  } else {
+    alignas(64) float s[R][kChunk];
+    scores_to_rows<CT, R>(qb + row0 * hd, hd, task.q_mul, c, n, next, s);
+    for (int r = 0; r < R; ++r) {
+      if (first[r] >= visible[r]) {
+        for (int t = 0; t < n + 1 && t < kChunk; ++t) p[r][t] = 0;
+        continue;
+      }
+      row_softmax(s[r], first[r], visible[r], n, task.row_max + row0 + r,
+                  task.row_sum + row0 + r, task.acc + (row0 + r) * hd, hd, p[r]);
     }
-    row_softmax(s[r], first[r], visible[r], n, task.row_max + row0 + r,
-                task.row_sum + row0 + r, task.acc + (row0 + r) * hd, hd, p[r]);
   }
   float* acc = task.acc + row0 * hd;
   // Blocks of 64 (fp8: converted 64 at a time; bf16: 2 blocks of 32; 16 accumulators at
