@@ -252,6 +252,42 @@ inline void store_p_rows(__m256i pb, uint16_t (*p)[kChunk], int t0) {
   }
 }
 
+// Every lane of a row's group (lanes r TT .. r TT + TT - 1, TT = 16 / R, R = 1, 2 or 4) gets
+// op over the group: a butterfly of in-lane swaps, then swaps of 128-bit lanes.
+template <int R, class Op>
+inline __m512 group_all(__m512 x, Op op) {
+  static_assert(R == 1 || R == 2 || R == 4, "groups of 4, 8 or 16 lanes");
+  x = op(x, _mm512_permute_ps(x, 0xB1));  // lanes [1, 0, 3, 2] of each 128-bit lane
+  x = op(x, _mm512_permute_ps(x, 0x4E));  // [2, 3, 0, 1]
+  if constexpr (R <= 2) x = op(x, _mm512_shuffle_f32x4(x, x, 0xB1));  // 128-bit lanes [1, 0, 3, 2]
+  if constexpr (R == 1) x = op(x, _mm512_shuffle_f32x4(x, x, 0x4E));  // [2, 3, 0, 1]
+  return x;
+}
+
+// acc[0, hd) *= a (every lane a).
+inline void scale_acc_row(float* acc, int hd, __m512 a) {
+  for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), a));
+}
+
+// p[r][0, n) = bf16(exp(score + shift)) from the score vectors sv (lane r TT + j: row r, token
+// t0 + j; -inf past n), and p[r][n] = 0 when n is odd (the values' last pair); returns the lanes'
+// sums of the rounded p.
+template <int R>
+inline __m512 lane_probabilities(const float (*sv)[16], int n, __m512 shift, uint16_t (*p)[kChunk]) {
+  constexpr int TT = 16 / R;
+  __m512 lsum = _mm512_setzero_ps();
+  for (int t0 = 0; t0 < n; t0 += TT) {
+    const __m256i pb = reinterpret_cast<__m256i>(
+        _mm512_cvtneps_pbh(vexp(_mm512_add_ps(_mm512_load_ps(sv[t0 / TT]), shift))));
+    store_p_rows<R>(pb, p, t0);
+    lsum = _mm512_add_ps(lsum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(pb), 16)));
+  }
+  if (n & 1) {
+    for (int r = 0; r < R; ++r) p[r][n] = 0;
+  }
+  return lsum;
+}
+
 // The tile's scores (tile_scores) and its online-softmax step for rows that all see the chunk's
 // n tokens: p[r][0, n) = bf16(exp(s - m')) (and p[r][n] = 0 when n is odd, the values' last
 // pair), each row's max and sum (of the rounded p) updated and its acc rescaled, as row_softmax
@@ -271,36 +307,51 @@ void scores_softmax_lanes(const AttendTask& task, const uint16_t* qb, int row0, 
   });
   float* row_max = task.row_max + row0;
   float* row_sum = task.row_sum + row0;
-  alignas(64) float shift[16], diff[16] = {};
-  float m_new[R];
-  for (int r = 0; r < R; ++r) {
-    const float m_blk = _mm512_mask_reduce_max_ps(row_lanes<R>(r), mx);
-    m_new[r] = row_max[r] > m_blk ? row_max[r] : m_blk;
-    diff[r] = row_max[r] - m_new[r];
-    for (int j = 0; j < TT; ++j) shift[r * TT + j] = -m_new[r];
-  }
-  for (int l = R * TT; l < 16; ++l) shift[l] = 0.0f;
-  alignas(64) float alphas[16];
-  _mm512_store_ps(alphas, vexp(_mm512_load_ps(diff)));
-  const __m512 shiftv = _mm512_load_ps(shift);
-  __m512 lsum = _mm512_setzero_ps();
-  for (int t0 = 0; t0 < n; t0 += TT) {
-    const __m256i pb = reinterpret_cast<__m256i>(
-        _mm512_cvtneps_pbh(vexp(_mm512_add_ps(_mm512_load_ps(sv[t0 / TT]), shiftv))));
-    store_p_rows<R>(pb, p, t0);
-    lsum = _mm512_add_ps(lsum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(pb), 16)));
-  }
-  if (n & 1) {
-    for (int r = 0; r < R; ++r) p[r][n] = 0;
-  }
-  for (int r = 0; r < R; ++r) {
-    const float alpha = row_max[r] == kNegInf ? 0.0f : alphas[r];
-    row_sum[r] = row_sum[r] * alpha + _mm512_mask_reduce_add_ps(row_lanes<R>(r), lsum);
-    row_max[r] = m_new[r];
-    if (alpha != 1.0f) {
-      float* acc = task.acc + (row0 + r) * hd;
-      const __m512 av = _mm512_set1_ps(alpha);
-      for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), av));
+  if constexpr (R == 3) {  // groups of 5 lanes: the rows' max and sums one by one
+    alignas(64) float shift[16], diff[16] = {};
+    float m_new[R];
+    for (int r = 0; r < R; ++r) {
+      const float m_blk = _mm512_mask_reduce_max_ps(row_lanes<R>(r), mx);
+      m_new[r] = row_max[r] > m_blk ? row_max[r] : m_blk;
+      diff[r] = row_max[r] - m_new[r];
+      for (int j = 0; j < TT; ++j) shift[r * TT + j] = -m_new[r];
+    }
+    shift[15] = 0.0f;
+    alignas(64) float alphas[16];
+    _mm512_store_ps(alphas, vexp(_mm512_load_ps(diff)));
+    const __m512 lsum = lane_probabilities<R>(sv, n, _mm512_load_ps(shift), p);
+    for (int r = 0; r < R; ++r) {
+      const float alpha = row_max[r] == kNegInf ? 0.0f : alphas[r];
+      row_sum[r] = row_sum[r] * alpha + _mm512_mask_reduce_add_ps(row_lanes<R>(r), lsum);
+      row_max[r] = m_new[r];
+      if (alpha != 1.0f) scale_acc_row(task.acc + (row0 + r) * hd, hd, _mm512_set1_ps(alpha));
+    }
+  } else {  // groups of 4, 8 or 16 lanes: every row's max, alpha and sum in one vector
+    constexpr int kLog2 = R == 4 ? 2 : R == 2 ? 3 : 4;  // log2(TT)
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i row_of_lane = _mm512_srli_epi32(iota, kLog2);  // lane l: row l / TT
+    const __m512i first_lane = _mm512_slli_epi32(iota, kLog2);   // lane r: lane r TT
+    const __mmask16 rows = static_cast<__mmask16>((1u << R) - 1);
+    // m_old, m_new, alpha: in every lane of each row's group
+    const __m512 m_old = _mm512_permutexvar_ps(row_of_lane, _mm512_maskz_loadu_ps(rows, row_max));
+    const __m512 m_new = _mm512_max_ps(m_old, group_all<R>(mx, [](__m512 a, __m512 b) {
+                                         return _mm512_max_ps(a, b);
+                                       }));  // as row_softmax: m_old > m_blk ? m_old : m_blk
+    const __mmask16 seen = _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_NEQ_UQ);
+    const __m512 alpha = _mm512_maskz_mov_ps(seen, vexp(_mm512_sub_ps(m_old, m_new)));
+    const __m512 lsum = lane_probabilities<R>(sv, n, _mm512_sub_ps(_mm512_setzero_ps(), m_new), p);
+    const __m512 l_old = _mm512_permutexvar_ps(row_of_lane, _mm512_maskz_loadu_ps(rows, row_sum));
+    const __m512 l_new = _mm512_add_ps(_mm512_mul_ps(l_old, alpha), group_all<R>(lsum, [](__m512 a, __m512 b) {
+                                         return _mm512_add_ps(a, b);
+                                       }));
+    _mm512_mask_storeu_ps(row_sum, rows, _mm512_permutexvar_ps(first_lane, l_new));
+    _mm512_mask_storeu_ps(row_max, rows, _mm512_permutexvar_ps(first_lane, m_new));
+    const unsigned rescale = _mm512_cmp_ps_mask(alpha, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ);
+    for (int r = 0; r < R; ++r) {
+      if ((rescale >> (r * TT)) & 1u) {
+        scale_acc_row(task.acc + (row0 + r) * hd, hd,
+                      _mm512_permutexvar_ps(_mm512_set1_epi32(r * TT), alpha));
+      }
     }
   }
 }
