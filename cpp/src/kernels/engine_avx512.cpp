@@ -20,6 +20,7 @@
 
 #include "engine.h"
 #include "engine_avx512_math.h"  // vexp, vsum16 (shared with the avx512_bf16 engine)
+#include "engine_lane_softmax.h"  // the decode tile's softmax in the scores' lanes
 
 #define PAGEDLLM_ENGINE_NS avx512_engine_ns
 
@@ -347,6 +348,7 @@ inline void pair_value_rows(const uint8_t* v0, const uint8_t* v1, int hd, uint32
 }  // namespace
 }  // namespace pagedllm::kernels::PAGEDLLM_ENGINE_NS
 
+#define PAGEDLLM_ENGINE_LANE_SOFTMAX 1  // engine_impl.h: the decode tile's softmax in the lanes
 #include "engine_impl.h"
 #include "engine_prefill_impl.h"
 

@@ -43,6 +43,7 @@
 #include "chunk_rows.h"  // Chunk, gather_chunk, prefetch_range / prefetch_chunk, chunk_tokens
 #include "engine.h"
 #include "engine_avx512_math.h"  // vexp, vsum16 (the avx512 engine's)
+#include "engine_lane_softmax.h"
 #include "fp8_bf16_avx512.h"
 
 namespace pagedllm::kernels {
@@ -203,29 +204,7 @@ inline void row_softmax(float* s, int first, int visible, int n, float* row_max,
   }
 }
 
-// ---- the decode tile's softmax in the scores' lanes -------------------------------------------
-//
-// When every row of a register tile sees all n tokens of the chunk (decode), the scores stay in
-// the lanes the reduction leaves them in (lane r TT + j: row r, token t0 + j; one vector per TT
-// tokens) and the online softmax runs on those vectors: the chunk's max is gathered while the
-// scores are computed, every exp covers all R rows, and each row pays one masked reduction for
-// its max and one for its sum, instead of a pass over its stored scores and two full reductions.
-
-// Lanes r TT + j, r < R and j < k (k <= TT = 16 / R): the R rows' first k tokens of a vector.
-template <int R>
-inline __mmask16 tile_lanes(int k) {
-  constexpr int TT = 16 / R;
-  unsigned m = 0;
-  for (int r = 0; r < R; ++r) m |= ((1u << k) - 1) << (r * TT);
-  return static_cast<__mmask16>(m);
-}
-
-// Row r's lanes of a vector.
-template <int R>
-inline __mmask16 row_lanes(int r) {
-  constexpr int TT = 16 / R;
-  return static_cast<__mmask16>(((1u << TT) - 1) << (r * TT));
-}
+// ---- the decode tile's softmax in the scores' lanes (engine_lane_softmax.h) ---------------------
 
 // p[r][t0, t0 + TT) = the bf16 lanes r TT + j of pb (TT = 16 / R; t0 + TT <= kChunk for R != 3:
 // plain stores of the rows' pieces; R = 3 stores masked, inside p for the same reason as
@@ -250,18 +229,6 @@ inline void store_p_rows(__m256i pb, uint16_t (*p)[kChunk], int t0) {
       _mm256_mask_storeu_epi16(p[r] + t0 - r * TT, static_cast<__mmask16>(((1u << k) - 1) << (r * TT)), pb);
     }
   }
-}
-
-// Every lane of a row's group (lanes r TT .. r TT + TT - 1, TT = 16 / R, R = 1, 2 or 4) gets
-// op over the group: a butterfly of in-lane swaps, then swaps of 128-bit lanes.
-template <int R, class Op>
-inline __m512 group_all(__m512 x, Op op) {
-  static_assert(R == 1 || R == 2 || R == 4, "groups of 4, 8 or 16 lanes");
-  x = op(x, _mm512_permute_ps(x, 0xB1));  // lanes [1, 0, 3, 2] of each 128-bit lane
-  x = op(x, _mm512_permute_ps(x, 0x4E));  // [2, 3, 0, 1]
-  if constexpr (R <= 2) x = op(x, _mm512_shuffle_f32x4(x, x, 0xB1));  // 128-bit lanes [1, 0, 3, 2]
-  if constexpr (R == 1) x = op(x, _mm512_shuffle_f32x4(x, x, 0x4E));  // [2, 3, 0, 1]
-  return x;
 }
 
 // acc[0, hd) *= a (every lane a).
@@ -305,55 +272,11 @@ void scores_softmax_lanes(const AttendTask& task, const uint16_t* qb, int row0, 
     _mm512_store_ps(sv[t0 / TT], v);
     mx = _mm512_max_ps(mx, v);  // a NaN score reaches the max (the second operand wins)
   });
-  float* row_max = task.row_max + row0;
-  float* row_sum = task.row_sum + row0;
-  if constexpr (R == 3) {  // groups of 5 lanes: the rows' max and sums one by one
-    alignas(64) float shift[16], diff[16] = {};
-    float m_new[R];
-    for (int r = 0; r < R; ++r) {
-      const float m_blk = _mm512_mask_reduce_max_ps(row_lanes<R>(r), mx);
-      m_new[r] = row_max[r] > m_blk ? row_max[r] : m_blk;
-      diff[r] = row_max[r] - m_new[r];
-      for (int j = 0; j < TT; ++j) shift[r * TT + j] = -m_new[r];
-    }
-    shift[15] = 0.0f;
-    alignas(64) float alphas[16];
-    _mm512_store_ps(alphas, vexp(_mm512_load_ps(diff)));
-    const __m512 lsum = lane_probabilities<R>(sv, n, _mm512_load_ps(shift), p);
-    for (int r = 0; r < R; ++r) {
-      const float alpha = row_max[r] == kNegInf ? 0.0f : alphas[r];
-      row_sum[r] = row_sum[r] * alpha + _mm512_mask_reduce_add_ps(row_lanes<R>(r), lsum);
-      row_max[r] = m_new[r];
-      if (alpha != 1.0f) scale_acc_row(task.acc + (row0 + r) * hd, hd, _mm512_set1_ps(alpha));
-    }
-  } else {  // groups of 4, 8 or 16 lanes: every row's max, alpha and sum in one vector
-    constexpr int kLog2 = R == 4 ? 2 : R == 2 ? 3 : 4;  // log2(TT)
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i row_of_lane = _mm512_srli_epi32(iota, kLog2);  // lane l: row l / TT
-    const __m512i first_lane = _mm512_slli_epi32(iota, kLog2);   // lane r: lane r TT
-    const __mmask16 rows = static_cast<__mmask16>((1u << R) - 1);
-    // m_old, m_new, alpha: in every lane of each row's group
-    const __m512 m_old = _mm512_permutexvar_ps(row_of_lane, _mm512_maskz_loadu_ps(rows, row_max));
-    const __m512 m_new = _mm512_max_ps(m_old, group_all<R>(mx, [](__m512 a, __m512 b) {
-                                         return _mm512_max_ps(a, b);
-                                       }));  // as row_softmax: m_old > m_blk ? m_old : m_blk
-    const __mmask16 seen = _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_NEQ_UQ);
-    const __m512 alpha = _mm512_maskz_mov_ps(seen, vexp(_mm512_sub_ps(m_old, m_new)));
-    const __m512 lsum = lane_probabilities<R>(sv, n, _mm512_sub_ps(_mm512_setzero_ps(), m_new), p);
-    const __m512 l_old = _mm512_permutexvar_ps(row_of_lane, _mm512_maskz_loadu_ps(rows, row_sum));
-    const __m512 l_new = _mm512_add_ps(_mm512_mul_ps(l_old, alpha), group_all<R>(lsum, [](__m512 a, __m512 b) {
-                                         return _mm512_add_ps(a, b);
-                                       }));
-    _mm512_mask_storeu_ps(row_sum, rows, _mm512_permutexvar_ps(first_lane, l_new));
-    _mm512_mask_storeu_ps(row_max, rows, _mm512_permutexvar_ps(first_lane, m_new));
-    const unsigned rescale = _mm512_cmp_ps_mask(alpha, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ);
-    for (int r = 0; r < R; ++r) {
-      if ((rescale >> (r * TT)) & 1u) {
-        scale_acc_row(task.acc + (row0 + r) * hd, hd,
-                      _mm512_permutexvar_ps(_mm512_set1_epi32(r * TT), alpha));
-      }
-    }
-  }
+  const LaneStep st = lane_step_begin<R>(mx, task.row_max + row0);
+  const __m512 lsum = lane_probabilities<R>(sv, n, st.shift, p);
+  lane_step_end<R>(st, lsum, task.row_sum + row0, [&](int r, __m512 alpha) {
+    scale_acc_row(task.acc + (row0 + r) * hd, hd, alpha);
+  });
 }
 
 // acc_r[d, d + 32 * NB) += sum_t p[r][t] v_t over the same elements for the R rows (acc in the

@@ -44,11 +44,12 @@ constexpr float kNegInf = -__builtin_inff();
 inline int imin(int a, int b) { return a < b ? a : b; }
 inline int imax(int a, int b) { return a > b ? a : b; }
 
-// s[r][t] = q_r . k_t for the R rows of the tile and t < n; prefetches the same bytes of the
-// K rows of the chunk ahead when `next` is set.
-template <CacheType CT, int R>
-void tile_scores(const float* q, int hd, const Chunk& c, int n, const Chunk* next,
-                 float (*s)[kChunk]) {
+// q_r . k_t for the R rows of the tile and t < n, TT = kAcc / R tokens at a time:
+// sink(t0, sums) gets sums[r TT + j] = row r's score of token t0 + j (j < TT; entries of tokens at
+// or past n hold junk). Prefetches the same bytes of the K rows of the chunk ahead when `next`
+// is set.
+template <CacheType CT, int R, class Sink>
+void tile_scores(const float* q, int hd, const Chunk& c, int n, const Chunk* next, Sink&& sink) {
   constexpr int TT = kAcc / R;  // tokens per pass
   constexpr int es = cache_elem_size<CT>();
   for (int t0 = 0; t0 < n; t0 += TT) {
@@ -84,9 +85,19 @@ void tile_scores(const float* q, int hd, const Chunk& c, int n, const Chunk* nex
     }
     alignas(64) float sums[kAcc];
     vsum_tile(acc, sums);
+    sink(t0, static_cast<const float*>(sums));
+  }
+}
+
+// s[r][t] = q_r . k_t for the R rows of the tile and t < n (tile_scores).
+template <CacheType CT, int R>
+void scores_to_rows(const float* q, int hd, const Chunk& c, int n, const Chunk* next,
+                    float (*s)[kChunk]) {
+  constexpr int TT = kAcc / R;
+  tile_scores<CT, R>(q, hd, c, n, next, [&](int t0, const float* sums) {
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < TT && t0 + j < n; ++j) s[r][t0 + j] = sums[r * TT + j];
-  }
+  });
 }
 
 // row[0, hd) *= a (hd a multiple of 8).
@@ -124,6 +135,79 @@ inline void row_softmax(float* s, int first, int visible, int n, float* row_max,
   *row_max = m_new;
   if (alpha != 1.0f) scale_row(acc, hd, alpha);
 }
+
+#ifdef PAGEDLLM_ENGINE_LANE_SOFTMAX
+// The online softmax of a decode tile in the scores' lanes (engine_lane_softmax.h; engines of
+// 16-lane vectors and kAcc = 16 only).
+
+// row[0, hd) *= a (every lane a; hd a multiple of 8).
+inline void scale_row_v(float* row, int hd, V a) {
+  int d = 0;
+  for (; d + kW <= hd; d += kW) vstore(row + d, vmul(vload(row + d), a));
+  for (; d < hd; d += 8) vstore8(row + d, vmul(vload8(row + d), a));
+}
+
+// p[r][t0, t0 + TT) = lanes r TT + j of pv (TT = 16 / R; t0 + TT <= kChunk when TT is a power of
+// two: plain stores of the rows' pieces; otherwise masked stores, each addressing its lane 0 r TT
+// floats before p[r][t0], inside p, masked-off lanes never accessed).
+template <int R>
+inline void store_prob_rows(V pv, float (*p)[kChunk], int t0) {
+  if constexpr (R == 1) {
+    _mm512_storeu_ps(p[0] + t0, pv);
+  } else if constexpr (R == 2) {
+    _mm256_storeu_ps(p[0] + t0, _mm512_castps512_ps256(pv));
+    _mm256_storeu_ps(p[1] + t0, _mm512_extractf32x8_ps(pv, 1));
+  } else if constexpr (R == 4) {
+    _mm_storeu_ps(p[0] + t0, _mm512_castps512_ps128(pv));
+    _mm_storeu_ps(p[1] + t0, _mm512_extractf32x4_ps(pv, 1));
+    _mm_storeu_ps(p[2] + t0, _mm512_extractf32x4_ps(pv, 2));
+    _mm_storeu_ps(p[3] + t0, _mm512_extractf32x4_ps(pv, 3));
+  } else if constexpr (R == 8) {
+    const __m128 q[4] = {_mm512_castps512_ps128(pv), _mm512_extractf32x4_ps(pv, 1),
+                         _mm512_extractf32x4_ps(pv, 2), _mm512_extractf32x4_ps(pv, 3)};
+    for (int i = 0; i < 4; ++i) {
+      _mm_storel_pi(reinterpret_cast<__m64*>(p[2 * i] + t0), q[i]);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(p[2 * i + 1] + t0), q[i]);
+    }
+  } else {
+    constexpr int TT = 16 / R;
+    const int k = imin(TT, kChunk - t0);
+    for (int r = 0; r < R; ++r) {
+      _mm512_mask_storeu_ps(&p[r][t0] - r * TT,
+                            static_cast<__mmask16>(((1u << k) - 1) << (r * TT)), pv);
+    }
+  }
+}
+
+// The tile's scores and its online-softmax step when every row sees the chunk's n tokens:
+// s[r][0, n) = exp(score - m') (what row_softmax leaves there), each row's max and sum updated
+// and its acc rescaled.
+template <CacheType CT, int R>
+void scores_softmax_lanes(const AttendTask& task, int row0, const Chunk& c, int n,
+                          const Chunk* next, float (*s)[kChunk]) {
+  static_assert(kAcc == 16 && kW == 16, "one 16-lane vector per TT tokens");
+  constexpr int TT = 16 / R;
+  const int hd = task.head_dim;
+  alignas(64) float sv[(kChunk + TT - 1) / TT][16];  // the score vectors, -inf where unused
+  const V neg_inf = vset1(kNegInf);
+  V mx = neg_inf;
+  tile_scores<CT, R>(task.q + row0 * hd, hd, c, n, next, [&](int t0, const float* sums) {
+    const V v = _mm512_mask_mov_ps(neg_inf, tile_lanes<R>(imin(TT, n - t0)), vload(sums));
+    _mm512_store_ps(sv[t0 / TT], v);
+    mx = vmax(mx, v);  // a NaN score reaches the max (the second operand wins)
+  });
+  const LaneStep st = lane_step_begin<R>(mx, task.row_max + row0);
+  V lsum = vzero();
+  for (int t0 = 0; t0 < n; t0 += TT) {
+    const V pv = vexp(vadd(_mm512_load_ps(sv[t0 / TT]), st.shift));
+    store_prob_rows<R>(pv, s, t0);
+    lsum = vadd(lsum, pv);
+  }
+  lane_step_end<R>(st, lsum, task.row_sum + row0, [&](int r, V alpha) {
+    scale_row_v(task.acc + (row0 + r) * hd, hd, alpha);
+  });
+}
+#endif  // PAGEDLLM_ENGINE_LANE_SOFTMAX
 
 // acc_r[d0, d1) += sum_t p[r][t] v_t[d0, d1) for the R rows of the tile, CC vectors at a time
 // (d1: the last multiple of kW * CC reachable from d0); returns d1. Prefetches the same bytes
@@ -213,14 +297,23 @@ void attend_tile(const AttendTask& task, int row0, const Chunk& c, const Chunk* 
   }
   if (n == 0) return;
   alignas(64) float s[R][kChunk];
-  tile_scores<CT, R>(task.q + row0 * hd, hd, c, n, next, s);
-  for (int r = 0; r < R; ++r) {
-    if (first[r] >= visible[r]) {
-      for (int t = 0; t < n; ++t) s[r][t] = 0.0f;
-      continue;
+  bool whole = true;  // every row sees all n tokens (decode)
+  for (int r = 0; r < R; ++r) whole = whole && first[r] == 0 && visible[r] == n;
+#ifdef PAGEDLLM_ENGINE_LANE_SOFTMAX
+  if (whole) {
+    scores_softmax_lanes<CT, R>(task, row0, c, n, next, s);
+  } else
+#endif
+  {
+    scores_to_rows<CT, R>(task.q + row0 * hd, hd, c, n, next, s);
+    for (int r = 0; r < R; ++r) {
+      if (first[r] >= visible[r]) {
+        for (int t = 0; t < n; ++t) s[r][t] = 0.0f;
+        continue;
+      }
+      row_softmax(s[r], first[r], visible[r], n, task.row_max + row0 + r,
+                  task.row_sum + row0 + r, task.acc + (row0 + r) * hd, hd);
     }
-    row_softmax(s[r], first[r], visible[r], n, task.row_max + row0 + r, task.row_sum + row0 + r,
-                task.acc + (row0 + r) * hd, hd);
   }
   float* acc = task.acc + row0 * hd;
   if constexpr (R > 4) {
