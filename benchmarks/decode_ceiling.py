@@ -11,13 +11,17 @@ query, as a bf16 model has it):
          the last-level cache (64-2048 tokens); read once before timing, so every call reads
          them from there
   dram   the same context, as many sequences as 256 MiB of K/V hold: far past any cache
+  l2     the cache case with every block table pointing into the first few blocks (L2_BYTES of
+         K/V in all): the same rows read, each from the core's own L2, so the rate is what the
+         kernel's instructions allow (what `dram` would reach if the memory kept up)
 in interleaved rounds, each round at one thread and at the pool's size, with the read
 bandwidth probe (stream_read_sum, 1 GiB) before each round. Reported per storage and thread
-count, medians over rounds: K/V bytes per second from DRAM and from cache, their ratio
-(dram_over_cache: near 1 when the arithmetic is the limit, well under 1 when the memory is),
-and the DRAM rate over the probe of the same round.
-Both cases have the same context and enough sequences that no sequence is split over threads,
-so the kernel does the same work per sequence and per thread in both; only where the bytes
+count, medians over rounds: K/V bytes per second from DRAM, from cache and from L2, the ratios
+of DRAM to the other two (dram_over_cache: near 1 when the arithmetic is the limit, well under
+1 when the memory is; dram_over_l2: how much of the instruction-bound rate DRAM reaches), and
+the DRAM rate over the probe of the same round.
+The cases have the same context and enough sequences that no sequence is split over threads,
+so the kernel does the same work per sequence and per thread in all; only where the bytes
 come from differs. (With fewer sequences than that, the split and merge of partitions, or
 per-sequence costs spread over other lengths, move the cache case more than the memory does.)
 
@@ -45,7 +49,9 @@ from benchmarks.common import write_results  # noqa: E402
 from pagedllm import _core  # noqa: E402
 
 DRAM_BYTES = 256 << 20  # K/V bytes of the DRAM case
+L2_BYTES = 256 << 10  # K/V bytes the l2 case's tables point into (a quarter of a Zen 4 L2)
 CALL_BYTES = 2e8  # K/V bytes read per timing (calls repeated up to this)
+WHERE = ("dram", "cache", "l2")  # where the K/V rows come from
 
 
 def last_level_cache_bytes() -> int:
@@ -76,6 +82,14 @@ def case_shapes(storage: str, llc_bytes: int, threads: int,
     ctx = (llc_bytes // 2) // (seqs * token_bytes(storage)) // 16 * 16
     ctx = max(64, min(2048, ctx))
     return (seqs, ctx), (max(seqs, dram_bytes // (ctx * token_bytes(storage))), ctx)
+
+
+def in_l2(case: dict, storage: str, l2_bytes: int = L2_BYTES) -> dict:
+    """The case with its block tables pointing into its first blocks only (l2_bytes of K and V,
+    at least one block): the same rows read per call, from a few blocks that stay in L2."""
+    block = case["kc"].shape[2]
+    blocks = max(1, l2_bytes // (block * token_bytes(storage)))
+    return {**case, "tables": case["tables"] % blocks}
 
 
 def rate(case: dict) -> float:
@@ -117,9 +131,10 @@ def measure(storages: list, rounds: int, dram_bytes: int = DRAM_BYTES,
         cache, dram = case_shapes(st, llc, all_threads, dram_bytes)
         cases[st] = {"dram": make_decode_case(*dram, st, gen, sdpa=False),
                      "cache": make_decode_case(*cache, st, gen, sdpa=False)}
+        cases[st]["l2"] = in_l2(cases[st]["cache"], st)
     probe = Bandwidth(probe_gib)
     runs = {(st, th, where): [] for st in storages for th in thread_counts
-            for where in ("dram", "cache")}
+            for where in WHERE}
     probes = []
     try:
         for _ in range(rounds):
@@ -127,7 +142,7 @@ def measure(storages: list, rounds: int, dram_bytes: int = DRAM_BYTES,
             for st in storages:
                 for th in thread_counts:
                     _core.set_num_threads(th)
-                    for where in ("dram", "cache"):
+                    for where in WHERE:
                         runs[(st, th, where)].append(rate(cases[st][where]))
                     _core.set_num_threads(all_threads)
     finally:
@@ -135,7 +150,7 @@ def measure(storages: list, rounds: int, dram_bytes: int = DRAM_BYTES,
     rows = []
     for st in storages:
         for th in thread_counts:
-            d, c = runs[(st, th, "dram")], runs[(st, th, "cache")]
+            d, c, l2 = (runs[(st, th, where)] for where in WHERE)
             rows.append({
                 "storage": st, "threads": th, "kernel": decode_kernel(st),
                 **{f"{where}_case": [cases[st][where]["lens"].numel(),
@@ -143,10 +158,13 @@ def measure(storages: list, rounds: int, dram_bytes: int = DRAM_BYTES,
                    for where in ("dram", "cache")},
                 "dram_gbps": statistics.median(d) / 1e9,
                 "cache_gbps": statistics.median(c) / 1e9,
+                "l2_gbps": statistics.median(l2) / 1e9,
                 "dram_over_cache": statistics.median(x / y for x, y in zip(d, c)),
+                "dram_over_l2": statistics.median(x / y for x, y in zip(d, l2)),
                 "dram_over_probe": statistics.median(x / p for x, p in zip(d, probes)),
                 "dram_runs_gbps": [x / 1e9 for x in d],
                 "cache_runs_gbps": [x / 1e9 for x in c],
+                "l2_runs_gbps": [x / 1e9 for x in l2],
             })
     return {"rows": rows, "llc_bytes": llc, "threads": all_threads,
             "probe_gbps": [p / 1e9 for p in probes], "engine": _core.cpu_kernel(),
@@ -156,13 +174,14 @@ def measure(storages: list, rounds: int, dram_bytes: int = DRAM_BYTES,
 def markdown(result: dict) -> str:
     """The rows as a markdown table."""
     lines = ["| K/V | engine | sequences x context (cache / DRAM) | threads | from DRAM | "
-             "from cache | DRAM / cache | DRAM / probe |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "from cache | from L2 | DRAM / cache | DRAM / L2 | DRAM / probe |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["rows"]:
         (cs, cc), (ds, dc) = r["cache_case"], r["dram_case"]
         lines.append(f"| {r['storage']} | {r['kernel']} | {cs} x {cc} / {ds} x {dc} | "
                      f"{r['threads']} | {r['dram_gbps']:.1f} GB/s | "
-                     f"{r['cache_gbps']:.1f} GB/s | {r['dram_over_cache']:.2f} | "
+                     f"{r['cache_gbps']:.1f} GB/s | {r['l2_gbps']:.1f} GB/s | "
+                     f"{r['dram_over_cache']:.2f} | {r['dram_over_l2']:.2f} | "
                      f"{r['dram_over_probe']:.2f} |")
     return "\n".join(lines)
 

@@ -24,6 +24,20 @@ def test_cases_have_one_context_and_fill_half_the_cache():
     assert cache == (8, 64)
 
 
+def test_l2_case_reads_the_same_rows_from_a_few_blocks():
+    import torch
+
+    from benchmarks.bench_attention import make_decode_case
+
+    case = make_decode_case(8, 256, "bf16", torch.Generator().manual_seed(0), sdpa=False)
+    l2 = decode_ceiling.in_l2(case, "bf16", l2_bytes=256 << 10)
+    # bf16 K and V of 8 KV heads of 128: 4 KiB per token, 64 KiB per 16-token block: 4 blocks
+    assert l2["tables"].shape == case["tables"].shape
+    assert set(l2["tables"].flatten().tolist()) == {0, 1, 2, 3}
+    assert l2["kv_bytes"] == case["kv_bytes"] and l2["kc"] is case["kc"]
+    assert decode_ceiling.in_l2(case, "bf16", l2_bytes=1)["tables"].max() == 0  # one block at least
+
+
 def test_writes_a_row_per_storage_and_thread_count(tmp_path, monkeypatch):
     monkeypatch.setenv(common.RESULTS_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(decode_ceiling, "DRAM_BYTES", 8 << 20)
@@ -39,7 +53,9 @@ def test_writes_a_row_per_storage_and_thread_count(tmp_path, monkeypatch):
     want = {(s, t) for s in ("fp32", "fp8") for t in sorted({1, threads})}
     assert {(r["storage"], r["threads"]) for r in rows} == want
     for r in rows:
-        assert len(r["dram_runs_gbps"]) == len(r["cache_runs_gbps"]) == 2
-        assert all(math.isfinite(x) and x > 0 for x in r["dram_runs_gbps"] + r["cache_runs_gbps"])
+        runs = r["dram_runs_gbps"] + r["cache_runs_gbps"] + r["l2_runs_gbps"]
+        assert len(r["dram_runs_gbps"]) == len(r["cache_runs_gbps"]) == len(r["l2_runs_gbps"]) == 2
+        assert all(math.isfinite(x) and x > 0 for x in runs)
+        assert r["dram_over_l2"] > 0
         assert r["cache_case"][1] == r["dram_case"][1]  # one context
     assert "| fp8 |" in decode_ceiling.markdown(result)
