@@ -66,47 +66,84 @@ inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
 // p.v interleaves two tokens' rows with vpunpck{l,h}wd, so acc rows are held permuted within
 // blocks of elements, and fp8 keys come out of fp8x64_to_bf16 permuted, so the bf16 query is
 // stored in the same order (the dot product does not care about the order, only that both
-// agree). Rows are permuted in at a task's start and back at its end (scalar: a few hundred
-// elements per task).
+// agree). Rows are permuted in at a task's start and back at its end (a few shuffles per 16
+// elements).
 // - 32-element blocks (bf16; fp8's last block when head_dim % 64 == 32): element 8 L + j of the
 //   block sits at 4 L + j (j < 4, the vpunpcklwd vector) or 16 + 4 L + j - 4 (vpunpckhwd);
 // - 64-element blocks (fp8): element 16 L + 4 k + i of the block sits at 16 k + 4 L + i (k-th
 //   of the four vpunpck{l,h}wd vectors of the two vpunpck{l,h}bw halves), and the query's
 //   element 16 L + j at 8 L + j (j < 8) or 32 + 8 L + j - 8.
 
-// Where acc element e of a row of hd elements is held (CT: the storage type).
-template <CacheType CT>
-inline int acc_pos(int e, int hd) {
-  const int wide = is_fp8<CT>() ? hd / 64 * 64 : 0;  // elements in 64-element blocks
-  if (e < wide) {
-    const int base = e & ~63, x = e & 63;
-    return base + 16 * ((x & 15) >> 2) + 4 * (x >> 4) + (x & 3);
-  }
-  const int base = e & ~31, x = e & 31, l = x >> 3, j = x & 7;
-  return base + (j < 4 ? 4 * l + j : 16 + 4 * l + j - 4);
+// The 32-element blocks' permutation: positions 0-15 hold elements 0-3, 8-11, 16-19, 24-27
+// and positions 16-31 the other quads (two-source permutes; index 16 + i: lane i of the second).
+inline void acc32_in(float* x) {
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  const __m512i hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  _mm512_storeu_ps(x, _mm512_permutex2var_ps(a, lo, b));
+  _mm512_storeu_ps(x + 16, _mm512_permutex2var_ps(a, hi, b));
 }
 
-// Where query element e of a row of hd elements is held.
-template <CacheType CT>
-inline int query_pos(int e, int hd) {
-  const int wide = is_fp8<CT>() ? hd / 64 * 64 : 0;
-  if (e >= wide) return e;
-  const int base = e & ~63, x = e & 63, l = x >> 4, j = x & 15;
-  return base + (j < 8 ? 8 * l + j : 32 + 8 * l + j - 8);
+// acc32_in undone.
+inline void acc32_out(float* x) {
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  _mm512_storeu_ps(x, _mm512_permutex2var_ps(a, lo, b));
+  _mm512_storeu_ps(x + 16, _mm512_permutex2var_ps(a, hi, b));
+}
+
+// The 64-element blocks' permutation: the 4 x 4 transpose of the block's 4-element quads
+// (vector k of the result = quad k of each of the 4 vectors); its own inverse.
+inline void acc64_transpose(float* x) {
+  const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+  const __m512 x2 = _mm512_loadu_ps(x + 32), x3 = _mm512_loadu_ps(x + 48);
+  const __m512 t0 = _mm512_shuffle_f32x4(x0, x1, 0x44), t1 = _mm512_shuffle_f32x4(x0, x1, 0xEE);
+  const __m512 t2 = _mm512_shuffle_f32x4(x2, x3, 0x44), t3 = _mm512_shuffle_f32x4(x2, x3, 0xEE);
+  _mm512_storeu_ps(x, _mm512_shuffle_f32x4(t0, t2, 0x88));
+  _mm512_storeu_ps(x + 16, _mm512_shuffle_f32x4(t0, t2, 0xDD));
+  _mm512_storeu_ps(x + 32, _mm512_shuffle_f32x4(t1, t3, 0x88));
+  _mm512_storeu_ps(x + 48, _mm512_shuffle_f32x4(t1, t3, 0xDD));
 }
 
 // row[0, hd) from natural order to the acc layout (in) or back (out).
 template <CacheType CT>
 inline void permute_acc(float* row, int hd, bool in) {
-  float tmp[kMaxHeadDim];
-  for (int e = 0; e < hd; ++e) {
+  int d = 0;
+  if constexpr (is_fp8<CT>()) {
+    for (; d + 64 <= hd; d += 64) acc64_transpose(row + d);
+  }
+  for (; d < hd; d += 32) {
     if (in) {
-      tmp[acc_pos<CT>(e, hd)] = row[e];
+      acc32_in(row + d);
     } else {
-      tmp[e] = row[acc_pos<CT>(e, hd)];
+      acc32_out(row + d);
     }
   }
-  for (int e = 0; e < hd; ++e) row[e] = tmp[e];
+}
+
+// qb[0, hd) = the query row q in bf16, in the keys' order: 64-element blocks (fp8) as
+// fp8x64_to_bf16 leaves the keys (elements 0-7 and 16-23 of the block, then 32-39 and 48-55,
+// then the other halves of each 16), 32-element ones as they are.
+template <CacheType CT>
+inline void query_to_bf16(const float* q, int hd, uint16_t* qb) {
+  int d = 0;
+  if constexpr (is_fp8<CT>()) {
+    for (; d + 64 <= hd; d += 64) {
+      const __m512 x0 = _mm512_loadu_ps(q + d), x1 = _mm512_loadu_ps(q + d + 16);
+      const __m512 x2 = _mm512_loadu_ps(q + d + 32), x3 = _mm512_loadu_ps(q + d + 48);
+      const __m512bh first = _mm512_cvtne2ps_pbh(_mm512_shuffle_f32x4(x2, x3, 0x44),
+                                                 _mm512_shuffle_f32x4(x0, x1, 0x44));
+      const __m512bh second = _mm512_cvtne2ps_pbh(_mm512_shuffle_f32x4(x2, x3, 0xEE),
+                                                  _mm512_shuffle_f32x4(x0, x1, 0xEE));
+      _mm512_storeu_si512(qb + d, reinterpret_cast<__m512i>(first));
+      _mm512_storeu_si512(qb + d + 32, reinterpret_cast<__m512i>(second));
+    }
+  }
+  for (; d < hd; d += 32) {
+    const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + d + 16), _mm512_loadu_ps(q + d));
+    _mm512_storeu_si512(qb + d, reinterpret_cast<__m512i>(b));
+  }
 }
 
 // ---- one register tile ---------------------------------------------------------------------
@@ -451,13 +488,8 @@ void attend_typed(const AttendTask& task, const uint16_t* qb) {
 template <CacheType CT>
 void enter_rows(const AttendTask& task, uint16_t* qb) {
   const int hd = task.head_dim;
-  alignas(64) float qrow[kMaxHeadDim];
   for (int r = 0; r < task.num_rows; ++r) {
-    for (int e = 0; e < hd; ++e) qrow[query_pos<CT>(e, hd)] = task.q[r * hd + e];
-    for (int d = 0; d < hd; d += 32) {
-      const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_load_ps(qrow + d + 16), _mm512_load_ps(qrow + d));
-      _mm512_storeu_si512(qb + r * hd + d, reinterpret_cast<__m512i>(b));
-    }
+    query_to_bf16<CT>(task.q + r * hd, hd, qb + r * hd);
     permute_acc<CT>(task.acc + r * hd, hd, true);
   }
 }
