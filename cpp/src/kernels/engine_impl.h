@@ -17,6 +17,8 @@
 //   caller folds into the query and output scales; every other type reads exactly)
 // (with kW = 8 the "8" forms are the full ones and are never reached: head_dim is a multiple
 // of 8; with kW = 16 they handle a head_dim tail of 8 elements, and must not read past them)
+// and, optionally, PAGEDLLM_ENGINE_LANE_SOFTMAX (16-lane engines with kAcc = 16 that include
+// engine_lane_softmax.h: decode tiles run their online softmax in the scores' lanes),
 // then includes this file, which adds attend_task() and attend_heads() (a sequence's KV heads
 // in lockstep, chunk_rows.h) in the same namespaces. Everything has
 // internal linkage, so the compilations never meet at link time (no ODR hazard), and this
@@ -297,9 +299,9 @@ void attend_tile(const AttendTask& task, int row0, const Chunk& c, const Chunk* 
   }
   if (n == 0) return;
   alignas(64) float s[R][kChunk];
+#ifdef PAGEDLLM_ENGINE_LANE_SOFTMAX
   bool whole = true;  // every row sees all n tokens (decode)
   for (int r = 0; r < R; ++r) whole = whole && first[r] == 0 && visible[r] == n;
-#ifdef PAGEDLLM_ENGINE_LANE_SOFTMAX
   if (whole) {
     scores_softmax_lanes<CT, R>(task, row0, c, n, next, s);
   } else
