@@ -74,23 +74,25 @@ inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
 //   of the four vpunpck{l,h}wd vectors of the two vpunpck{l,h}bw halves), and the query's
 //   element 16 L + j at 8 L + j (j < 8) or 32 + 8 L + j - 8.
 
-// The 32-element blocks' permutation: positions 0-15 hold elements 0-3, 8-11, 16-19, 24-27
-// and positions 16-31 the other quads (two-source permutes; index 16 + i: lane i of the second).
-inline void acc32_in(float* x) {
+// x[0, 32) = its two halves a = x[0, 16) and b = x[16, 32) through two-source permutes: lane
+// i of lo / hi picks a[i'] for i' < 16 and b[i' - 16] above.
+inline void permute32(float* x, __m512i lo, __m512i hi) {
   const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
-  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-  const __m512i hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
   _mm512_storeu_ps(x, _mm512_permutex2var_ps(a, lo, b));
   _mm512_storeu_ps(x + 16, _mm512_permutex2var_ps(a, hi, b));
 }
 
+// The 32-element blocks' permutation: positions 0-15 hold elements 0-3, 8-11, 16-19, 24-27
+// and positions 16-31 the other quads.
+inline void acc32_in(float* x) {
+  permute32(x, _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27),
+            _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31));
+}
+
 // acc32_in undone.
 inline void acc32_out(float* x) {
-  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
-  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  _mm512_storeu_ps(x, _mm512_permutex2var_ps(a, lo, b));
-  _mm512_storeu_ps(x + 16, _mm512_permutex2var_ps(a, hi, b));
+  permute32(x, _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23),
+            _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31));
 }
 
 // The 64-element blocks' permutation: the 4 x 4 transpose of the block's 4-element quads
