@@ -51,6 +51,14 @@ inline void prefetch_range(const uint8_t* row, int b0, int b1) {
   for (int b = (b0 + 63) & ~63; b < b1; b += 64) __builtin_prefetch(row + b, 0, 2);
 }
 
+// Prefetches (into L2) the N lines from p on (p + 64 i, i < N): a fixed count the compiler
+// unrolls, for loops whose slice of a row is a compile-time number of whole lines (a loop
+// over a run-time range cost the avx512_bf16 value loops 4-7% of their rate, docs/BENCHMARKS.md).
+template <int N>
+inline void prefetch_lines(const uint8_t* p) {
+  for (int i = 0; i < N; ++i) __builtin_prefetch(p + 64 * i, 0, 2);
+}
+
 // Gathers the row addresses of the tokens [pos0, pos0 + n) of the task's sequence: one table
 // lookup and one multiply per block, then consecutive rows (a loop the compiler vectorises).
 template <CacheType CT>

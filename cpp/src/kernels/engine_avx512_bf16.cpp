@@ -40,7 +40,7 @@
 
 #include <cstdint>
 
-#include "chunk_rows.h"  // Chunk, gather_chunk, prefetch_range / prefetch_chunk, chunk_tokens
+#include "chunk_rows.h"  // Chunk, gather_chunk, prefetch_range / _lines / _chunk, chunk_tokens
 #include "engine.h"
 #include "engine_avx512_math.h"  // vexp, vsum16 (the avx512 engine's)
 #include "engine_lane_softmax.h"
@@ -326,6 +326,7 @@ template <CacheType CT, int R, int NB>
 int tile_values(const Chunk& c, int n, const Chunk* next, const uint16_t (*p)[kChunk], float* acc,
                 int hd, int d0) {
   constexpr int es = cache_elem_size<CT>();
+  constexpr int kLines = (32 * NB * es + 63) / 64;  // lines of a V row's slice (d * es % 64 == 0)
   const int pf_n = next != nullptr ? imin(n, next->n) : 0;
   int d = d0;
   for (; d + 32 * NB <= hd; d += 32 * NB) {
@@ -335,8 +336,8 @@ int tile_values(const Chunk& c, int n, const Chunk* next, const uint16_t (*p)[kC
     for (int t = 0; t < n; t += 2) {
       const uint8_t* va = c.v[t];
       const uint8_t* vb = c.v[imin(t + 1, n - 1)];
-      for (int u = t; u < t + 2 && u < pf_n; ++u)
-        prefetch_range(next->v[u], d * es, (d + 32 * NB) * es);
+      if (t < pf_n) prefetch_lines<kLines>(next->v[t] + d * es);
+      if (t + 1 < pf_n) prefetch_lines<kLines>(next->v[t + 1] + d * es);
       __m512bh lo[NB], hi[NB];
       for (int b = 0; b < NB; ++b) {
         const __m512i a = load_bf16x32<CT>(va + (d + 32 * b) * es);
@@ -370,7 +371,8 @@ int tile_values_fp8x64(const Chunk& c, int n, const Chunk* next, const uint16_t 
     for (int r = 0; r < R; ++r)
       for (int i = 0; i < 4; ++i) o[r][i] = _mm512_loadu_ps(acc + r * hd + d + 16 * i);
     for (int t = 0; t < n; t += 2) {
-      for (int u = t; u < t + 2 && u < pf_n; ++u) prefetch_range(next->v[u], d, d + 64);
+      if (t < pf_n) prefetch_lines<1>(next->v[t] + d);
+      if (t + 1 < pf_n) prefetch_lines<1>(next->v[t + 1] + d);
       __m512i a0, a1, b0, b1;
       fp8x64_to_bf16<CT>(c.v[t] + d, &a0, &a1);
       fp8x64_to_bf16<CT>(c.v[imin(t + 1, n - 1)] + d, &b0, &b1);
