@@ -53,7 +53,8 @@ inline void prefetch_range(const uint8_t* row, int b0, int b1) {
 
 // Prefetches (into L2) the N lines from p on (p + 64 i, i < N): a fixed count the compiler
 // unrolls, for loops whose slice of a row is a compile-time number of whole lines (a loop
-// over a run-time range cost the avx512_bf16 value loops 4-7% of their rate, docs/BENCHMARKS.md).
+// over a run-time range cost the avx512_bf16 value loops about 4% of their rate,
+// docs/BENCHMARKS.md).
 template <int N>
 inline void prefetch_lines(const uint8_t* p) {
   for (int i = 0; i < N; ++i) __builtin_prefetch(p + 64 * i, 0, 2);

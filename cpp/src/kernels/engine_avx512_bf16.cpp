@@ -210,6 +210,11 @@ void scores_to_rows(const uint16_t* qb, int hd, float mul, const Chunk& c, int n
   });
 }
 
+// acc[0, hd) *= a (every lane a).
+inline void scale_acc_row(float* acc, int hd, __m512 a) {
+  for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), a));
+}
+
 // Online-softmax step of one row: p[0, nw) = bf16(exp(s - m')) (0 before `first` and at and
 // past `visible`, first < visible, nw = n rounded up to 16), updates max / sum (of the rounded
 // p) and rescales the row's acc.
@@ -237,10 +242,7 @@ inline void row_softmax(float* s, int first, int visible, int n, float* row_max,
   const float alpha = m_old == kNegInf ? 0.0f : alphas[0];
   *row_sum = *row_sum * alpha + _mm512_reduce_add_ps(sumv);
   *row_max = m_new;
-  if (alpha != 1.0f) {
-    const __m512 av = _mm512_set1_ps(alpha);
-    for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), av));
-  }
+  if (alpha != 1.0f) scale_acc_row(acc, hd, _mm512_set1_ps(alpha));
 }
 
 // ---- the decode tile's softmax in the scores' lanes (engine_lane_softmax.h) ---------------------
@@ -270,11 +272,6 @@ inline void store_p_rows(__m256i pb, uint16_t (*p)[kChunk], int t0) {
   }
 }
 
-// acc[0, hd) *= a (every lane a).
-inline void scale_acc_row(float* acc, int hd, __m512 a) {
-  for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), a));
-}
-
 // p[r][0, n) = bf16(exp(score + shift)) from the score vectors sv (lane r TT + j: row r, token
 // t0 + j; -inf past n), and p[r][n] = 0 when n is odd (the values' last pair); returns the lanes'
 // sums of the rounded p.
@@ -301,18 +298,12 @@ inline __m512 lane_probabilities(const float (*sv)[16], int n, __m512 shift, uin
 template <CacheType CT, int R>
 void scores_softmax_lanes(const AttendTask& task, const uint16_t* qb, int row0, const Chunk& c,
                           int n, const Chunk* next, uint16_t (*p)[kChunk]) {
-  constexpr int TT = 16 / R;
   const int hd = task.head_dim;
-  alignas(64) float sv[(kChunk + TT - 1) / TT][16];  // the score vectors, -inf where unused
-  __m512 mx = _mm512_set1_ps(kNegInf);
-  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
-  tile_scores<CT, R>(qb + row0 * hd, hd, task.q_mul, c, n, next, [&](int t0, __m512 sums) {
-    const __m512 v = _mm512_mask_mov_ps(neg_inf, tile_lanes<R>(imin(TT, n - t0)), sums);
-    _mm512_store_ps(sv[t0 / TT], v);
-    mx = _mm512_max_ps(mx, v);  // a NaN score reaches the max (the second operand wins)
-  });
-  const LaneStep st = lane_step_begin<R>(mx, task.row_max + row0);
-  const __m512 lsum = lane_probabilities<R>(sv, n, st.shift, p);
+  LaneScores<R> ls;
+  tile_scores<CT, R>(qb + row0 * hd, hd, task.q_mul, c, n, next,
+                     [&](int t0, __m512 sums) { ls.add(t0, n, sums); });
+  const LaneStep st = lane_step_begin<R>(ls.mx, task.row_max + row0);
+  const __m512 lsum = lane_probabilities<R>(ls.sv, n, st.shift, p);
   lane_step_end<R>(st, lsum, task.row_sum + row0, [&](int r, __m512 alpha) {
     scale_acc_row(task.acc + (row0 + r) * hd, hd, alpha);
   });

@@ -190,18 +190,13 @@ void scores_softmax_lanes(const AttendTask& task, int row0, const Chunk& c, int 
   static_assert(kAcc == 16 && kW == 16, "one 16-lane vector per TT tokens");
   constexpr int TT = 16 / R;
   const int hd = task.head_dim;
-  alignas(64) float sv[(kChunk + TT - 1) / TT][16];  // the score vectors, -inf where unused
-  const V neg_inf = vset1(kNegInf);
-  V mx = neg_inf;
-  tile_scores<CT, R>(task.q + row0 * hd, hd, c, n, next, [&](int t0, const float* sums) {
-    const V v = _mm512_mask_mov_ps(neg_inf, tile_lanes<R>(imin(TT, n - t0)), vload(sums));
-    _mm512_store_ps(sv[t0 / TT], v);
-    mx = vmax(mx, v);  // a NaN score reaches the max (the second operand wins)
-  });
-  const LaneStep st = lane_step_begin<R>(mx, task.row_max + row0);
+  LaneScores<R> ls;
+  tile_scores<CT, R>(task.q + row0 * hd, hd, c, n, next,
+                     [&](int t0, const float* sums) { ls.add(t0, n, vload(sums)); });
+  const LaneStep st = lane_step_begin<R>(ls.mx, task.row_max + row0);
   V lsum = vzero();
   for (int t0 = 0; t0 < n; t0 += TT) {
-    const V pv = vexp(vadd(_mm512_load_ps(sv[t0 / TT]), st.shift));
+    const V pv = vexp(vadd(_mm512_load_ps(ls.sv[t0 / TT]), st.shift));
     store_prob_rows<R>(pv, s, t0);
     lsum = vadd(lsum, pv);
   }

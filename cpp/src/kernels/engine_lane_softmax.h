@@ -18,6 +18,7 @@
 
 #include <immintrin.h>
 
+#include "chunk_rows.h"           // kChunk
 #include "engine_avx512_math.h"  // vexp
 
 namespace pagedllm::kernels {
@@ -38,6 +39,23 @@ inline __mmask16 row_lanes(int r) {
   constexpr int TT = 16 / R;
   return static_cast<__mmask16>(((1u << TT) - 1) << (r * TT));
 }
+
+// A chunk's score vectors for R rows, one per TT = 16 / R tokens, as tile_scores hands them
+// over: sv[t0 / TT] with -inf in the lanes of tokens at or past n and from R TT up, and mx, their
+// lane-wise max (a NaN score reaches it: max's second operand wins).
+template <int R>
+struct LaneScores {
+  static constexpr int TT = 16 / R;
+  alignas(64) float sv[(kChunk + TT - 1) / TT][16];
+  __m512 mx = _mm512_set1_ps(-__builtin_inff());
+
+  void add(int t0, int n, __m512 sums) {
+    const int k = n - t0 < TT ? n - t0 : TT;
+    const __m512 v = _mm512_mask_mov_ps(_mm512_set1_ps(-__builtin_inff()), tile_lanes<R>(k), sums);
+    _mm512_store_ps(sv[t0 / TT], v);
+    mx = _mm512_max_ps(mx, v);
+  }
+};
 
 // Whether the rows' lane groups (TT = 16 / R lanes) are powers of two, reduced by butterflies.
 template <int R>
