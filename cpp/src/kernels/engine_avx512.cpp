@@ -82,23 +82,22 @@ inline __m512i e4m3_to_half(__m512i sx) {
 constexpr float kE4M3ReadMul = 1.0f / 256.0f;  // e4m3 reads come out times 2^-8
 constexpr bool kPrefillTile = true;  // see engine_prefill_impl.h
 
-// The prefill tile's softmax exp (engine_prefill_impl.h): e^x as vexp, x = n ln2 + r with the
-// same two-part ln2, but e^r by a degree-5 fit (minimax in relative error on [-ln2/2, ln2/2],
-// coefficients rounded to float) and 2^n by vscalefps: 11 instructions for vexp's 17, within
-// 2.3e-7 relative over [-87, 0] (vexp: about 1.2e-7; the exact engines' bound allows 2e-5 of the
-// output). x <= -104 (and -inf) gives 0; NaN stays NaN (the bound is max's first operand).
-inline V vexp_tile(V x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
-  const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-06f), r);
-  V p = _mm512_set1_ps(0.008297587744891644f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.041915569454431534f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.16667576134204865f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.49998894333839417f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.9999997019767761f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0000001192092896f));
+// The prefill tile's softmax exp (engine_prefill_impl.h), 2^x: x = n + f, n the nearest
+// integer (f = x - n exactly, |f| <= 1/2), 2^f by a degree-5 fit (vexp_tile's former minimax fit
+// of e^r on [-ln2/2, ln2/2] with r = f ln 2: its coefficients times ln2^k, rounded to float),
+// 2^n by vscalefps: 9 instructions, 5 of them multiply-adds (e^x this way took 11, 8), within
+// 1.8e-7 relative over [-150, 0] (vexp: about 1.2e-7; the exact engines' bound allows 2e-5 of
+// the output). x <= -150 (and -inf) gives 0; NaN stays NaN (the bound is max's first operand).
+inline V vexp2_tile(V x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
+  const V n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const V f = _mm512_sub_ps(x, n);
+  V p = _mm512_set1_ps(0.001327636418864131f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.009675584733486176f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05550713837146759f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022118747234344f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931470036506653f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192092896f));
   return _mm512_scalef_ps(p, n);
 }
 
@@ -212,14 +211,13 @@ alignas(64) constexpr uint16_t kPairHalves[32] = {0,  16, 1,  17, 2,  18, 3,  19
                                                   21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                                   11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 
-// e^x within 2.7e-6 relative, for probabilities that are then rounded to bf16 (unit roundoff
-// 2^-9, so vexp's 17 instructions buy nothing there): 2^(x log2 e) as 2^n 2^f, n the nearest
-// integer, 2^f by a degree-4 minimax fit on [-1/2, 1/2] (fitted in relative error; coefficients
-// rounded to float), 2^n by vscalefps; 9 instructions. -inf (and anything under -160 ln 2)
-// gives 0; NaN stays NaN (the bound is max's first operand).
-inline V vexp_coarse(V x) {
-  const V y = _mm512_max_ps(_mm512_set1_ps(-160.0f),
-                            _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)));
+// 2^x within 2.7e-6 relative, for probabilities that are then rounded to bf16 (unit roundoff
+// 2^-9, so vexp2_tile's accuracy buys nothing there): 2^n 2^f, n the nearest integer, 2^f by a
+// degree-4 minimax fit on [-1/2, 1/2] (fitted in relative error; coefficients rounded to
+// float), 2^n by vscalefps; 8 instructions. -inf (and anything under -160) gives 0; NaN stays
+// NaN (the bound is max's first operand).
+inline V vexp2_coarse(V x) {
+  const V y = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);
   const V n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const V f = _mm512_sub_ps(y, n);
   V p = _mm512_set1_ps(0.009570019319653511f);
@@ -230,8 +228,8 @@ inline V vexp_coarse(V x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// For the np (even) score vectors at pt (token-major, rows in the lanes): p_t = exp(s_t + neg)
-// (vexp_coarse) rounded to bf16 (to nearest even) and stored as token pairs at pt2 (16 words
+// For the np (even) score vectors at pt (token-major, rows in the lanes; log2 units, as the
+// tile's): p_t = 2^(s_t + neg) (vexp2_coarse) rounded to bf16 (to nearest even) and stored as token pairs at pt2 (16 words
 // per pair).
 // Returns per lane the sum of the rounded p (vdpbf16ps by (1, 1): exact, summed in fp32), so
 // the weights the output is divided by are the ones p.v used.
@@ -241,8 +239,8 @@ PAGEDLLM_BF16_FN V bf16_prob_pairs(const float* pt, int np, V neg, uint32_t* pt2
   const __m512bh ones = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3F803F80));
   V sum = _mm512_setzero_ps();
   for (int t = 0; t < np; t += 2) {
-    const V p0 = vexp_coarse(_mm512_add_ps(_mm512_loadu_ps(pt + t * 16), neg));
-    const V p1 = vexp_coarse(_mm512_add_ps(_mm512_loadu_ps(pt + (t + 1) * 16), neg));
+    const V p0 = vexp2_coarse(_mm512_add_ps(_mm512_loadu_ps(pt + t * 16), neg));
+    const V p1 = vexp2_coarse(_mm512_add_ps(_mm512_loadu_ps(pt + (t + 1) * 16), neg));
     const __m512i pair = _mm512_permutexvar_epi16(
         idx, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
     _mm512_storeu_si512(pt2 + t / 2 * 16, pair);

@@ -50,7 +50,10 @@ inline V8 vexp(V8 a) {
   for (int i = 0; i < 8; ++i) a.x[i] = std::exp(a.x[i]);
   return a;
 }
-inline V8 vexp_tile(V8 x) { return vexp(x); }  // the prefill tile's exp: the same
+inline V8 vexp2_tile(V8 a) {  // the prefill tile's 2^x (engine_prefill_impl.h)
+  for (int i = 0; i < 8; ++i) a.x[i] = std::exp2(a.x[i]);
+  return a;
+}
 inline float vhmax(V8 a) {
   float m = a.x[0];
   for (int i = 1; i < 8; ++i) m = a.x[i] > m ? a.x[i] : m;

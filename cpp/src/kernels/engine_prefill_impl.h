@@ -3,7 +3,7 @@
 // conventions: no include guard, internal linkage, no standard-library code), and defines two
 // vector operations and one constant more before both:
 //   vkeep_lt(V s, V pos, V lim) -> s in the lanes where pos < lim, -inf in the others
-//   vexp_tile(V x) -> e^x for the softmax (vexp, or a shorter one as accurate for the bound)
+//   vexp2_tile(V x) -> 2^x for the softmax (to about vexp's accuracy; x <= 0 or NaN here)
 //   kPrefillTile: whether prefill uses the tile at all (the portable engine measured slower
 //   with it, 13-26% on a Zen 4, so it keeps the row-major loop for every prefill task)
 //
@@ -21,7 +21,11 @@
 // by every row vector of the task; for each row vector that sees one of its tokens:
 //   scores  S[t] (kW rows in lanes) = sum_d kf[t][d] * qt[d]   kAcc tokens per register pass
 //   mask    only where the tile reaches a row's causal limit (diagonal tiles) or its end
-//   softmax per lane: m' = max(m, max_t S[t]), p_t = exp(S[t] - m'), l = l e^(m - m') + sum p
+//   softmax per lane: m' = max(m, max_t S[t]), p_t = 2^(S[t] - m'), l = l 2^(m - m') + sum p
+// The tile works in log2 units: the query is scaled by q_mul log2(e) (the scores come out as
+// log2 of the weights, so 2^x needs no multiply by log2 e, and its argument reduction no
+// two-part ln 2: 3 fewer multiply-adds per exp), and the running max is converted from and
+// back to AttendTask's natural units at the task's ends.
 //   values  acc_r += sum_t p_t[r] vf[t]   broadcast p, R rows x CC value vectors per pass
 // Tasks of fewer than kMinTileRows rows run attend_task instead. The query arrives unscaled
 // (AttendTask::q_mul); with a bf16 or fp8 cache, an exact bf16 query and AVX512_BF16 (the
@@ -48,6 +52,8 @@ constexpr int kStageStride = 528;  // floats per staged key row: >= the largest 
 // faster there (a chunk of 4-12 rows after 2k tokens of context, head_dim 64, on a Zen 4).
 constexpr int kMinTileRows = kW;
 constexpr float kMaxFinite = 3.402823466e+38f;
+constexpr float kLog2E = 1.44269504088896341f;  // the tile's scores and max: natural x log2 e
+constexpr float kLn2 = 0.693147180559945309f;   // back to natural units
 
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
@@ -270,7 +276,8 @@ inline void pv_row_vector(const float* pt, const float* vf, int nt, float* acc, 
 
 // Row vector r0 (its first `real` rows are real; `hi`: their largest causal limit, `lo`: the
 // least) against the staged tile of n tokens at positions [pos0, pos0 + n); hi > pos0.
-// dot: qt and kf hold bf16 pairs (the query unscaled: q_mul is applied to the scores).
+// dot: qt and kf hold bf16 pairs (the query unscaled: q_mul, log2 e included, is applied to
+// the scores).
 // pairs: p.v in bf16 pairs (vf holds value pairs, stage_value_pairs; AttendTask::bf16_probs).
 inline void tile_row_vector(const PrefillWork& w, int r0, int real, int lo, int hi, int pos0,
                             int n, int hd, bool dot, bool pairs, float q_mul, float* acc) {
@@ -314,12 +321,12 @@ inline void tile_row_vector(const PrefillWork& w, int r0, int real, int lo, int 
   {
 #endif
     for (int t = 0; t < np; ++t) {
-      const V p = vexp_tile(vadd(vload(pt + t * kW), neg));
+      const V p = vexp2_tile(vadd(vload(pt + t * kW), neg));
       vstore(pt + t * kW, p);
       sum = vadd(sum, p);
     }
   }
-  const V alpha = vexp(vadd(m_old, neg));  // 0 where m_old = -inf, 1 where the max held
+  const V alpha = vexp2_tile(vadd(m_old, neg));  // 0 where m_old = -inf, 1 where the max held
   vstore(w.l + r0, vadd(vmul(vload(w.l + r0), alpha), sum));
   vstore(w.m + r0, m_new);
   vstore(w.alpha, alpha);
@@ -367,16 +374,16 @@ void prefill_typed(const AttendTask& task, float* work) {
   if (dot) {
     pack_query_pairs(task.q, rows, hd, w.rows_pad, reinterpret_cast<uint32_t*>(w.qt));
   } else {
-    transpose_queries(task.q, task.q_mul, rows, hd, w.rows_pad, w.qt);
+    transpose_queries(task.q, task.q_mul * kLog2E, rows, hd, w.rows_pad, w.qt);
   }
 #else
   const bool dot = false;
   const bool pairs = false;
-  transpose_queries(task.q, task.q_mul, rows, hd, w.rows_pad, w.qt);
+  transpose_queries(task.q, task.q_mul * kLog2E, rows, hd, w.rows_pad, w.qt);
 #endif
   for (int r = 0; r < w.rows_pad; ++r) {
     const bool real = r < rows;
-    w.m[r] = real ? task.row_max[r] : kNegInf;
+    w.m[r] = real ? task.row_max[r] * kLog2E : kNegInf;
     w.l[r] = real ? task.row_sum[r] : 0.0f;
     w.lim[r] = real ? static_cast<float>(task.row_limit[r]) : 0.0f;
   }
@@ -404,15 +411,15 @@ void prefill_typed(const AttendTask& task, float* work) {
         hi = imax(hi, task.row_limit[r0 + r]);
       }
       if (hi > c.pos0) {
-        tile_row_vector(w, r0, real, lo, hi, c.pos0, c.n, hd, dot, pairs, task.q_mul,
-                        task.acc);
+        tile_row_vector(w, r0, real, lo, hi, c.pos0, c.n, hd, dot, pairs,
+                        task.q_mul * kLog2E, task.acc);
       }
     }
     if (next_pos >= end) break;
     cur ^= 1;
   }
   for (int r = 0; r < rows; ++r) {
-    task.row_max[r] = w.m[r];
+    task.row_max[r] = w.m[r] * kLn2;
     task.row_sum[r] = w.l[r];
   }
 }
