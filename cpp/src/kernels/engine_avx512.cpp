@@ -86,10 +86,12 @@ constexpr bool kPrefillTile = true;  // see engine_prefill_impl.h
 // integer (f = x - n exactly, |f| <= 1/2), 2^f by a degree-5 fit (vexp_tile's former minimax fit
 // of e^r on [-ln2/2, ln2/2] with r = f ln 2: its coefficients times ln2^k, rounded to float),
 // 2^n by vscalefps: 9 instructions, 5 of them multiply-adds (e^x this way took 11, 8), within
-// 1.8e-7 relative over [-150, 0] (vexp: about 1.2e-7; the exact engines' bound allows 2e-5 of
-// the output). x <= -150 (and -inf) gives 0; NaN stays NaN (the bound is max's first operand).
+// 1.8e-7 relative over [-126, 0] (vexp: about 1.2e-7; the exact engines' bound allows 2e-5 of
+// the output). x <= -160 (and -inf, a masked score) gives exactly 0, so that a masked token's
+// value, even a NaN, never reaches the output (a bound of -150 would give 2^-149); NaN stays
+// NaN (the bound is max's first operand).
 inline V vexp2_tile(V x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
+  x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);
   const V n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const V f = _mm512_sub_ps(x, n);
   V p = _mm512_set1_ps(0.001327636418864131f);
