@@ -259,6 +259,19 @@ TEST_P(EngineStorage, DecodeBlockSizesAndLongContext) {
   check_decode(lockstep, "split-K, 4 KV heads");
 }
 
+// Many sequences: the decode units are taken in runs of several per thread, and each unit's
+// state starts fresh while its reads run on from the previous unit's (LockstepCall); lengths
+// from 0 to a few chunks, in an order the longest-first sort permutes.
+TEST_P(EngineStorage, DecodeManySequencesInRuns) {
+  const int pattern[] = {17, 0, 130, 1, 64, 5, 200, 16, 33, 100};
+  std::vector<int> lens;
+  for (int i = 0; i < 70; ++i) lens.push_back(pattern[i % 10] + i / 10);
+  for (auto [heads, kvh, hd] : {std::tuple{8, 2, 32}, std::tuple{16, 4, 64}, std::tuple{4, 1, 40}}) {
+    Cache c(ct(), kvh, heads, hd, 16, lens);
+    check_decode(c, "70 sequences, " + std::to_string(kvh) + " KV heads");
+  }
+}
+
 TEST_P(EngineStorage, DecodeSparsePerHeadLists) {
   // Block-sparse decode with a list per (sequence, KV head) of different lengths: the heads run
   // in lockstep over ranges that end at different positions (and one head lists nothing). Two

@@ -224,6 +224,9 @@ void merge_partials(const AttentionParams& p, int parts, int group, const Partia
 // walk each block's heads in address order. Against one task per (sequence, KV head), on a
 // 2-core Zen 4 at block 16 (docs/BENCHMARKS.md): 1.05-1.48x on the decode kernel. p is
 // validated; with a SparseView each head reads its own compacted list (lockstep by position).
+// Units are taken in runs of consecutive ones (longest sequences first), and each call names the
+// next unit of its run, whose first rows its last steps prefetch (LockstepCall): short
+// sequences then read as one stream, not each from a cold start.
 void run_decode_heads(const AttentionParams& p, const SparseView* sv, const EngineOps& ops) {
   const bool in_engine = attend_scales(ops, p);
   const int kvh_count = p.cache.num_kv_heads;
@@ -246,48 +249,87 @@ void run_decode_heads(const AttentionParams& p, const SparseView* sv, const Engi
   const float qmul = query_mul(p, ops);
   const float vmul = value_mul(p, ops);
   Partials partials(p, parts, group);
-  // Units (sequence, partition), longest sequences first: the threads take units in order
-  // from a shared counter, so the last ones taken are the shortest and no thread is left with
-  // a long one while the others idle.
+  // Units (sequence, partition), longest sequences first: the threads take runs of them in
+  // order from a shared counter, so the last ones taken are the shortest and no thread is left
+  // with a long one while the others idle.
   std::vector<int> order(static_cast<size_t>(p.num_seqs));
   for (int s = 0; s < p.num_seqs; ++s) order[s] = s;
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return seq_len[a] > seq_len[b]; });
   const int64_t num_units = static_cast<int64_t>(p.num_seqs) * parts;
-  parallel_for(num_units, [&](int64_t i, int) {
+  const int64_t num_runs =
+      std::min<int64_t>(num_units, 8 * static_cast<int64_t>(get_num_threads()));
+  // Whether unit i reads anything (a partition past a sequence's context does not).
+  const auto unit_runs = [&](int64_t i) {
     const int seq = order[static_cast<size_t>(i / parts)];
     const int part = static_cast<int>(i % parts);
-    const int begin = part * part_len;
-    if (begin >= seq_len[seq] && !(part == 0 && parts == 1)) return;  // empty partition
-    AttentionScratch& s = thread_scratch();
-    s.resize(rows, hd);
-    load_query(p, seq, 0, rows, in_engine ? 1.0f : qmul, s.q.data());
-    AttendTask tasks[kMaxLockstepHeads];
+    return part * part_len < seq_len[seq] || parts == 1;
+  };
+  // The tasks of unit i, every KV head (`limit`: kvh_count x group row limits; the query, the
+  // state and q_mul are the caller's to set).
+  const auto unit_tasks = [&](int64_t i, int32_t* limit, AttendTask* tasks) {
+    const int seq = order[static_cast<size_t>(i / parts)];
+    const int begin = static_cast<int>(i % parts) * part_len;
     for (int h = 0; h < kvh_count; ++h) {
       const int len = context(seq, h);
-      const int64_t row0 = static_cast<int64_t>(h) * group;
-      std::fill(s.limit.begin() + row0, s.limit.begin() + row0 + group, len);
+      std::fill(limit + h * group, limit + (h + 1) * group, len);
       AttendTask& t = tasks[h];
-      t = make_task(p, seq, h, s.q.data() + row0 * hd, group);
-      t.q_mul = in_engine ? qmul : 1.0f;
+      t = make_task(p, seq, h, nullptr, group);
       if (sv) t.block_table = sv->table(sv->list(seq, h));
-      t.row_limit = s.limit.data() + row0;
+      t.row_limit = limit + h * group;
       t.token_begin = begin;
       t.token_end = partition_end(len, begin, part_len);
-      if (parts == 1) {
-        t.acc = s.acc.data() + row0 * hd;
-        t.row_max = s.row_max.data() + row0;
-        t.row_sum = s.row_sum.data() + row0;
-      } else {
-        partials.bind(t, ((static_cast<int64_t>(seq) * kvh_count + h) * parts + part) * group);
-      }
     }
-    ops.attend_heads(tasks, kvh_count);
-    if (parts > 1) return;
-    for (int r = 0; r < rows; ++r) {
-      const float l = s.row_sum[r];
-      store_out(p, seq, r, s.acc.data() + static_cast<int64_t>(r) * hd,
-                l > 0.0f ? vmul / l : 0.0f);
+    return seq;
+  };
+  parallel_for(num_runs, [&](int64_t r, int) {
+    const int64_t run_end = (r + 1) * num_units / num_runs;
+    AttentionScratch& s = thread_scratch();
+    AttendTask tasks[kMaxLockstepHeads];
+    AttendTask next[kMaxLockstepHeads];
+    std::vector<int32_t> next_limit(static_cast<size_t>(rows));
+    bool primed = false;
+    int64_t i = r * num_units / num_runs;
+    while (i < run_end && !unit_runs(i)) ++i;
+    while (i < run_end) {
+      int64_t j = i + 1;  // the next unit of the run that reads anything
+      while (j < run_end && !unit_runs(j)) ++j;
+      s.resize(rows, hd);  // the state reset for this unit
+      const int seq = unit_tasks(i, s.limit.data(), tasks);
+      load_query(p, seq, 0, rows, in_engine ? 1.0f : qmul, s.q.data());
+      const int part = static_cast<int>(i % parts);
+      for (int h = 0; h < kvh_count; ++h) {
+        AttendTask& t = tasks[h];
+        const int64_t row0 = static_cast<int64_t>(h) * group;
+        t.q = s.q.data() + row0 * hd;
+        t.q_mul = in_engine ? qmul : 1.0f;
+        if (parts == 1) {
+          t.acc = s.acc.data() + row0 * hd;
+          t.row_max = s.row_max.data() + row0;
+          t.row_sum = s.row_sum.data() + row0;
+        } else {
+          partials.bind(t, ((static_cast<int64_t>(seq) * kvh_count + h) * parts + part) * group);
+        }
+      }
+      LockstepCall call;
+      call.tasks = tasks;
+      call.num = kvh_count;
+      call.primed = primed;
+      if (j < run_end) {
+        unit_tasks(j, next_limit.data(), next);
+        call.next = next;
+        call.next_num = kvh_count;
+      }
+      ops.attend_heads(call);
+      primed = call.next != nullptr;
+      if (parts == 1) {
+        for (int row = 0; row < rows; ++row) {
+          const float l = s.row_sum[row];
+          store_out(p, seq, row, s.acc.data() + static_cast<int64_t>(row) * hd,
+                    l > 0.0f ? vmul / l : 0.0f);
+        }
+      }
+      i = j;
     }
   });
   if (parts == 1) return;

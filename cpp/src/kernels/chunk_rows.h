@@ -121,39 +121,61 @@ constexpr int kLockstepAhead = 4;
 // own head, block table, query, state and end, task_end; decode: every row of a task sees all
 // of its range, so reading a chunk covers all of it and a prefetched one is whole): step
 // (chunk i, head h) calls attend(h, head h's rows of chunk i, next) for every head whose range
-// reaches chunk i, `next` being the rows of the step kLockstepAhead later (null past the end),
-// which attend prefetches as it reads.
+// reaches chunk i, `next` being the rows of the step kLockstepAhead later in the stream of this
+// unit's steps followed by call.next's (null where that step reads nothing), which attend
+// prefetches as it reads. So a unit's last steps request the next unit's first rows, and short
+// sequences (a few blocks each) read as one stream; the first kLockstepAhead steps of the stream
+// are requested at once unless call.primed (then only those the previous call could not see).
 // A block holds its KV heads one after another, so the reads walk each block's heads in address
 // order (long runs, as with large blocks) instead of one head's block_size rows per block; the
 // hardware and the TLB see one stream where per-head tasks see scattered short runs.
-// num <= kMaxLockstepHeads (engine.h).
+// call.num, call.next_num <= kMaxLockstepHeads (engine.h).
 template <CacheType CT, class Attend>
-void chunks_in_lockstep(const AttendTask* tasks, int num, Attend&& attend) {
+void chunks_in_lockstep(const LockstepCall& call, Attend&& attend) {
+  const AttendTask* tasks = call.tasks;
+  const int num = call.num;
+  const int hd = tasks[0].head_dim;
   const int begin = tasks[0].token_begin;
-  const int tokens = lockstep_tokens<CT>(tasks[0].head_dim);
+  const int tokens = lockstep_tokens<CT>(hd);
   int ends[kMaxLockstepHeads];
+  int next_ends[kMaxLockstepHeads];
   int last = begin;
   for (int h = 0; h < num; ++h) {
     ends[h] = task_end(tasks[h]);
     last = last > ends[h] ? last : ends[h];
   }
-  Chunk c, a;
-  // Gathers head h's rows of the chunk at pos into *out; false past that head's end.
-  const auto gather = [&](int h, int pos, Chunk* out) {
-    if (pos >= ends[h]) return false;
-    gather_chunk<CT>(tasks[h], pos, ends[h] - pos < tokens ? ends[h] - pos : tokens, out);
+  const int next_num = call.next != nullptr ? call.next_num : 0;
+  for (int h = 0; h < next_num; ++h) next_ends[h] = task_end(call.next[h]);
+  const int steps = (last - begin + tokens - 1) / tokens * num;  // this unit's
+  // Gathers step j of the stream (this unit's steps, then the next unit's) into *out; false
+  // where it reads nothing (past its head's end, or past the stream).
+  const auto gather = [&](int j, Chunk* out) {
+    const AttendTask* ts = tasks;
+    const int* es = ends;
+    int n = num;
+    if (j >= steps) {
+      j -= steps;
+      ts = call.next;
+      es = next_ends;
+      n = next_num;
+      if (n == 0) return false;
+    }
+    const int h = j % n;
+    const int pos = ts[h].token_begin + j / n * tokens;
+    if (pos >= es[h]) return false;
+    gather_chunk<CT>(ts[h], pos, es[h] - pos < tokens ? es[h] - pos : tokens, out);
     return true;
   };
-  for (int k = 0; k < kLockstepAhead; ++k) {  // the first steps: requested at once
-    if (gather(k % num, begin + k / num * tokens, &c)) prefetch_chunk<CT>(c, tasks[0].head_dim);
+  Chunk c, a;
+  // The previous call requested this unit's first min(kLockstepAhead, steps) steps.
+  const int requested = !call.primed ? 0 : steps < kLockstepAhead ? steps : kLockstepAhead;
+  for (int k = requested; k < kLockstepAhead; ++k) {
+    if (gather(k, &c)) prefetch_chunk<CT>(c, hd);
   }
-  for (int pos = begin; pos < last; pos += tokens) {
-    for (int h = 0; h < num; ++h) {
-      if (!gather(h, pos, &c)) continue;
-      const int ahead = h + kLockstepAhead;
-      const bool has_next = gather(ahead % num, pos + ahead / num * tokens, &a);
-      attend(h, static_cast<const Chunk&>(c), has_next ? &a : nullptr);
-    }
+  for (int j = 0; j < steps; ++j) {
+    if (!gather(j, &c)) continue;
+    const bool has_next = gather(j + kLockstepAhead, &a);
+    attend(j % num, static_cast<const Chunk&>(c), has_next ? &a : nullptr);
   }
 }
 

@@ -70,6 +70,21 @@ struct BoundsTask {
   float* score = nullptr;             // [num_blocks]
 };
 
+// One call of EngineOps::attend_heads: the `num` decode tasks of one unit (a sequence's KV
+// heads, or one partition of them), and the next unit a thread runs after it (`next`,
+// `next_num`; null / 0 when none), whose first rows this call's last steps prefetch, so that the
+// reads of short sequences run on as one stream instead of starting cold at each unit.
+// `primed`: the previous call named this unit as its `next` (its first rows are requested).
+// The next unit's tasks are read for their block tables, heads, token ranges and row limits
+// only.
+struct LockstepCall {
+  const AttendTask* tasks = nullptr;
+  int num = 0;
+  const AttendTask* next = nullptr;
+  int next_num = 0;
+  bool primed = false;
+};
+
 // Engine entry points of one instruction set.
 struct EngineOps {
   const char* name;
@@ -86,11 +101,12 @@ struct EngineOps {
   void (*prefill)(const AttendTask& task, float* work);
   // Floats of scratch `prefill` needs for a task of num_rows rows of head_dim.
   long long (*prefill_work_floats)(int num_rows, int head_dim);
-  // Runs `num` (<= kMaxLockstepHeads) decode tasks of one sequence's KV heads in lockstep: the
-  // same token_begin, each its own head, block table, end, query and state; every row of a task
-  // sees all of its range. Each task's results are attend's up to rounding (the online
-  // softmax may step at other chunk boundaries: lockstep_tokens, chunk_rows.h).
-  void (*attend_heads)(const AttendTask* tasks, int num);
+  // Runs call.num (<= kMaxLockstepHeads) decode tasks of one sequence's KV heads in lockstep:
+  // the same token_begin, each its own head, block table, end, query and state; every row of a
+  // task sees all of its range. Each task's results are attend's up to rounding (the online
+  // softmax may step at other chunk boundaries: lockstep_tokens, chunk_rows.h); call.next only
+  // changes what is prefetched.
+  void (*attend_heads)(const LockstepCall& call);
 };
 
 constexpr int kMaxLockstepHeads = 64;  // EngineOps::attend_heads: tasks per call, at most

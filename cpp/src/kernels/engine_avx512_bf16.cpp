@@ -508,11 +508,13 @@ void attend_slice(const AttendTask& task) {
 // The KV heads of one sequence in lockstep (chunks_in_lockstep), every head's rows in bf16 in
 // one buffer (num x num_rows x head_dim <= kMaxRows x kMaxHeadDim).
 template <CacheType CT>
-void heads_typed(const AttendTask* tasks, int num) {
+void heads_typed(const LockstepCall& call) {
+  const AttendTask* tasks = call.tasks;
+  const int num = call.num;
   const long long per_head = static_cast<long long>(tasks[0].num_rows) * tasks[0].head_dim;
   alignas(64) uint16_t qb[kMaxRows * kMaxHeadDim];
   for (int h = 0; h < num; ++h) enter_rows<CT>(tasks[h], qb + h * per_head);
-  chunks_in_lockstep<CT>(tasks, num, [&](int h, const Chunk& c, const Chunk* next) {
+  chunks_in_lockstep<CT>(call, [&](int h, const Chunk& c, const Chunk* next) {
     const AttendTask& t = tasks[h];
     for (int row0 = 0; row0 < t.num_rows; row0 += kTile) {
       attend_rows<CT>(t, qb + h * per_head, row0, imin(kTile, t.num_rows - row0), c,
@@ -556,21 +558,21 @@ void attend_task(const AttendTask& task) {
 // The engine's attend_heads: bf16 / fp8 K/V (as attend_task) in lockstep when every head's
 // query rows fit one bf16 buffer, each head on its own otherwise; everything else through the
 // avx512 engine.
-void attend_heads(const AttendTask* tasks, int num) {
-  const AttendTask& t0 = tasks[0];
+void attend_heads(const LockstepCall& call) {
+  const AttendTask& t0 = call.tasks[0];
   if (!decodes(t0.cache_dtype, t0.head_dim)) {
-    avx512_engine().attend_heads(tasks, num);
+    avx512_engine().attend_heads(call);
     return;
   }
   if (t0.num_rows > kMaxRows ||
-      static_cast<long long>(num) * t0.num_rows * t0.head_dim > kMaxRows * kMaxHeadDim) {
-    for (int h = 0; h < num; ++h) attend_task(tasks[h]);
+      static_cast<long long>(call.num) * t0.num_rows * t0.head_dim > kMaxRows * kMaxHeadDim) {
+    for (int h = 0; h < call.num; ++h) attend_task(call.tasks[h]);
     return;
   }
   switch (t0.cache_dtype) {
-    case CacheType::kBFloat16: heads_typed<CacheType::kBFloat16>(tasks, num); return;
-    case CacheType::kFp8E4M3: heads_typed<CacheType::kFp8E4M3>(tasks, num); return;
-    default: heads_typed<CacheType::kFp8E5M2>(tasks, num); return;
+    case CacheType::kBFloat16: heads_typed<CacheType::kBFloat16>(call); return;
+    case CacheType::kFp8E4M3: heads_typed<CacheType::kFp8E4M3>(call); return;
+    default: heads_typed<CacheType::kFp8E5M2>(call); return;
   }
 }
 

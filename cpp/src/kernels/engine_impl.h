@@ -386,21 +386,21 @@ void attend_typed(const AttendTask& task) {
 // The KV heads of one sequence in lockstep (EngineOps::attend_heads, chunks_in_lockstep):
 // each head's register tiles against its rows of each chunk in turn.
 template <CacheType CT>
-void attend_heads_typed(const AttendTask* tasks, int num) {
-  chunks_in_lockstep<CT>(tasks, num, [&](int h, const Chunk& c, const Chunk* next) {
-    const AttendTask& t = tasks[h];
+void attend_heads_typed(const LockstepCall& call) {
+  chunks_in_lockstep<CT>(call, [&](int h, const Chunk& c, const Chunk* next) {
+    const AttendTask& t = call.tasks[h];
     for (int row0 = 0; row0 < t.num_rows; row0 += kTile)
       attend_rows<CT>(t, row0, imin(kTile, t.num_rows - row0), c, row0 == 0 ? next : nullptr);
   });
 }
 
-void attend_heads(const AttendTask* tasks, int num) {
-  switch (tasks[0].cache_dtype) {
-    case CacheType::kFloat32: attend_heads_typed<CacheType::kFloat32>(tasks, num); return;
-    case CacheType::kFloat16: attend_heads_typed<CacheType::kFloat16>(tasks, num); return;
-    case CacheType::kBFloat16: attend_heads_typed<CacheType::kBFloat16>(tasks, num); return;
-    case CacheType::kFp8E4M3: attend_heads_typed<CacheType::kFp8E4M3>(tasks, num); return;
-    case CacheType::kFp8E5M2: attend_heads_typed<CacheType::kFp8E5M2>(tasks, num); return;
+void attend_heads(const LockstepCall& call) {
+  switch (call.tasks[0].cache_dtype) {
+    case CacheType::kFloat32: attend_heads_typed<CacheType::kFloat32>(call); return;
+    case CacheType::kFloat16: attend_heads_typed<CacheType::kFloat16>(call); return;
+    case CacheType::kBFloat16: attend_heads_typed<CacheType::kBFloat16>(call); return;
+    case CacheType::kFp8E4M3: attend_heads_typed<CacheType::kFp8E4M3>(call); return;
+    case CacheType::kFp8E5M2: attend_heads_typed<CacheType::kFp8E5M2>(call); return;
   }
 }
 
