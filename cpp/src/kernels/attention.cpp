@@ -287,7 +287,6 @@ void run_decode_heads(const AttentionParams& p, const SparseView* sv, const Engi
     AttentionScratch& s = thread_scratch();
     AttendTask tasks[kMaxLockstepHeads];
     AttendTask next[kMaxLockstepHeads];
-    std::vector<int32_t> next_limit(static_cast<size_t>(rows));
     bool primed = false;
     int64_t i = r * num_units / num_runs;
     while (i < run_end && !unit_runs(i)) ++i;
@@ -316,7 +315,7 @@ void run_decode_heads(const AttentionParams& p, const SparseView* sv, const Engi
       call.num = kvh_count;
       call.primed = primed;
       if (j < run_end) {
-        unit_tasks(j, next_limit.data(), next);
+        unit_tasks(j, s.next_limit.data(), next);
         call.next = next;
         call.next_num = kvh_count;
       }

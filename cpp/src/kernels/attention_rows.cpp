@@ -14,6 +14,7 @@ void AttentionScratch::resize(int rows, int hd) {
   row_sum.assign(static_cast<size_t>(rows), 0.0f);
   limit.resize(static_cast<size_t>(rows));
   start.resize(static_cast<size_t>(rows));
+  next_limit.resize(static_cast<size_t>(rows));
 }
 
 AttentionScratch& thread_scratch() {

@@ -20,6 +20,7 @@ struct AttentionScratch {
   std::vector<float> q, acc, row_max, row_sum;  // [rows, hd], [rows, hd], [rows], [rows]
   std::vector<float> work;                      // the prefill tile's (EngineOps::prefill)
   std::vector<int32_t> limit, start;            // [rows] each
+  std::vector<int32_t> next_limit;              // [rows] the next unit's (lockstep decode)
   // Sizes the buffers for `rows` rows of head_dim `hd`; acc, row_max and row_sum are reset.
   void resize(int rows, int hd);
 };

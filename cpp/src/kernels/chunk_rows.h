@@ -124,8 +124,9 @@ constexpr int kLockstepAhead = 4;
 // reaches chunk i, `next` being the rows of the step kLockstepAhead later in the stream of this
 // unit's steps followed by call.next's (null where that step reads nothing), which attend
 // prefetches as it reads. So a unit's last steps request the next unit's first rows, and short
-// sequences (a few blocks each) read as one stream; the first kLockstepAhead steps of the stream
-// are requested at once unless call.primed (then only those the previous call could not see).
+// sequences (a few blocks each) read as one stream. The stream's first kLockstepAhead steps are
+// requested at once, except, when call.primed, those of this unit (the previous call requested
+// them as its own last steps ran).
 // A block holds its KV heads one after another, so the reads walk each block's heads in address
 // order (long runs, as with large blocks) instead of one head's block_size rows per block; the
 // hardware and the TLB see one stream where per-head tasks see scattered short runs.
