@@ -56,16 +56,9 @@ inline V8 vsum8(const V8* a) {
   return _mm256_add_ps(lo, hi);
 }
 
-// exp(x) to about 1 ulp: x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial,
-// 2^n through the exponent bits. Inputs below -87.3 (including -inf) give exactly 0; NaN
-// stays NaN (the bounds are max / min's first operands: those return x when either is NaN).
-inline V8 vexp(V8 x) {
-  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);   // ln2, high bits
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723e-06f), r);       // ln2, low bits
+// e^r for |r| <= ln2 / 2 by its degree-7 Taylor polynomial, times 2^n through the exponent
+// bits; 0 in the lanes of `underflow`.
+inline V8 exp_scaled(__m256 r, __m256 n, __m256 underflow) {
   __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
@@ -79,25 +72,27 @@ inline V8 vexp(V8 x) {
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
+// exp(x) to about 1 ulp: x = n ln2 + r, |r| <= ln2 / 2 (exp_scaled). Inputs below -87.3
+// (including -inf) give exactly 0; NaN stays NaN (the bounds are max / min's first operands:
+// those return x when either is NaN).
+inline V8 vexp(V8 x) {
+  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);   // ln2, high bits
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723e-06f), r);       // ln2, low bits
+  return exp_scaled(r, n, underflow);
+}
+
 // 2^x for the prefill tile's softmax (engine_prefill_impl.h), as vexp: x = n + f, |f| <= 1/2
-// exact, 2^f = e^(f ln 2) by the same degree-7 Taylor polynomial, 2^n through the exponent
-// bits. Below -126 (and -inf) gives 0; NaN stays NaN.
+// exact, 2^f = e^(f ln 2) (exp_scaled). Below -126 (and -inf) gives 0; NaN stays NaN.
 inline V8 vexp2_tile(V8 x) {
   const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
   x = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(_mm256_set1_ps(-126.0f), x));
   const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 r = _mm256_mul_ps(_mm256_sub_ps(x, n), _mm256_set1_ps(0.693147180559945309f));
-  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+  return exp_scaled(r, n, underflow);
 }
 
 // fp8 e4m3fn bytes (zero-extended to 16-bit lanes) as IEEE halves of value * 2^-8, exact,

@@ -82,26 +82,32 @@ inline __m512i e4m3_to_half(__m512i sx) {
 constexpr float kE4M3ReadMul = 1.0f / 256.0f;  // e4m3 reads come out times 2^-8
 constexpr bool kPrefillTile = true;  // see engine_prefill_impl.h
 
-// The prefill tile's softmax exp (engine_prefill_impl.h), 2^x: x = n + f, n the nearest
-// integer (f = x - n exactly, |f| <= 1/2), 2^f by a degree-5 fit (vexp_tile's former minimax fit
-// of e^r on [-ln2/2, ln2/2] with r = f ln 2: its coefficients times ln2^k, rounded to float),
-// 2^n by vscalefps: 9 instructions, 5 of them multiply-adds (e^x this way took 11, 8), within
-// 1.8e-7 relative over [-126, 0] (vexp: about 1.2e-7; the exact engines' bound allows 2e-5 of
-// the output). x <= -160 (and -inf, a masked score) gives exactly 0, so that a masked token's
-// value, even a NaN, never reaches the output (a bound of -150 would give 2^-149); NaN stays
-// NaN (the bound is max's first operand).
-inline V vexp2_tile(V x) {
+// 2^x as 2^n 2^f: n the nearest integer to max(x, -160), f = x - n (exact, |f| <= 1/2), 2^f the
+// polynomial c[0] + c[1] f + ... + c[N-1] f^(N-1) (Horner), 2^n by vscalefps. The bound makes
+// x <= -160 (and -inf, a masked score) exactly 0, so that a masked token's value, even a NaN,
+// never reaches the output (a bound of -150 would give 2^-149); NaN stays NaN (the bound is
+// max's first operand).
+template <int N>
+inline V vexp2_fit(V x, const float (&c)[N]) {
   x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);
   const V n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const V f = _mm512_sub_ps(x, n);
-  V p = _mm512_set1_ps(0.001327636418864131f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.009675584733486176f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05550713837146759f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022118747234344f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931470036506653f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192092896f));
+  V p = _mm512_set1_ps(c[N - 1]);
+  for (int i = N - 2; i >= 0; --i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
   return _mm512_scalef_ps(p, n);
 }
+
+// 2^f on [-1/2, 1/2], degree 5: vexp_tile's former minimax fit of e^r on [-ln2/2, ln2/2]
+// (relative error) with r = f ln 2, its coefficients times ln2^k rounded to float; 1.8e-7
+// relative.
+constexpr float kExp2Fit5[6] = {1.0000001192092896f, 0.6931470036506653f, 0.24022118747234344f,
+                                0.05550713837146759f, 0.009675584733486176f,
+                                0.001327636418864131f};
+
+// The prefill tile's softmax exp (engine_prefill_impl.h), 2^x: 9 instructions, 5 of them
+// multiply-adds (e^x this way took 11, 8), within 1.8e-7 relative over [-126, 0] (vexp: about
+// 1.2e-7; the exact engines' bound allows 2e-5 of the output).
+inline V vexp2_tile(V x) { return vexp2_fit(x, kExp2Fit5); }
 
 // 8 fp8 bytes as halves in the low 128 bits.
 template <CacheType CT>
@@ -213,22 +219,14 @@ alignas(64) constexpr uint16_t kPairHalves[32] = {0,  16, 1,  17, 2,  18, 3,  19
                                                   21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                                   11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 
+// 2^f on [-1/2, 1/2], degree 4: a minimax fit in relative error (coefficients rounded to
+// float), 2.7e-6 relative.
+constexpr float kExp2Fit4[5] = {0.9999992847442627f, 0.6931218504905701f, 0.240247443318367f,
+                                0.05591766536235809f, 0.009570019319653511f};
+
 // 2^x within 2.7e-6 relative, for probabilities that are then rounded to bf16 (unit roundoff
-// 2^-9, so vexp2_tile's accuracy buys nothing there): 2^n 2^f, n the nearest integer, 2^f by a
-// degree-4 minimax fit on [-1/2, 1/2] (fitted in relative error; coefficients rounded to
-// float), 2^n by vscalefps; 8 instructions. -inf (and anything under -160) gives 0; NaN stays
-// NaN (the bound is max's first operand).
-inline V vexp2_coarse(V x) {
-  const V y = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);
-  const V n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const V f = _mm512_sub_ps(y, n);
-  V p = _mm512_set1_ps(0.009570019319653511f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05591766536235809f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240247443318367f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931218504905701f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999992847442627f));
-  return _mm512_scalef_ps(p, n);
-}
+// 2^-9, so vexp2_tile's accuracy buys nothing there): 8 instructions.
+inline V vexp2_coarse(V x) { return vexp2_fit(x, kExp2Fit4); }
 
 // For the np (even) score vectors at pt (token-major, rows in the lanes; log2 units, as the
 // tile's): p_t = 2^(s_t + neg) (vexp2_coarse) rounded to bf16 (to nearest even) and stored as token pairs at pt2 (16 words
