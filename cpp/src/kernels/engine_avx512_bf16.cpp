@@ -566,6 +566,8 @@ void attend_heads(const LockstepCall& call) {
   }
   if (t0.num_rows > kMaxRows ||
       static_cast<long long>(call.num) * t0.num_rows * t0.head_dim > kMaxRows * kMaxHeadDim) {
+    // (call.next goes unused: every unit of a decode call has this shape, so no lockstep
+    // call follows that would count on its first rows being requested)
     for (int h = 0; h < call.num; ++h) attend_task(call.tasks[h]);
     return;
   }
