@@ -97,7 +97,7 @@ inline V vexp2_fit(V x, const float (&c)[N]) {
   return _mm512_scalef_ps(p, n);
 }
 
-// 2^f on [-1/2, 1/2], degree 5: vexp_tile's former minimax fit of e^r on [-ln2/2, ln2/2]
+// 2^f on [-1/2, 1/2], degree 5: the tile's former minimax fit of e^r on [-ln2/2, ln2/2]
 // (relative error) with r = f ln 2, its coefficients times ln2^k rounded to float; 1.8e-7
 // relative.
 constexpr float kExp2Fit5[6] = {1.0000001192092896f, 0.6931470036506653f, 0.24022118747234344f,
@@ -229,8 +229,8 @@ constexpr float kExp2Fit4[5] = {0.9999992847442627f, 0.6931218504905701f, 0.2402
 inline V vexp2_coarse(V x) { return vexp2_fit(x, kExp2Fit4); }
 
 // For the np (even) score vectors at pt (token-major, rows in the lanes; log2 units, as the
-// tile's): p_t = 2^(s_t + neg) (vexp2_coarse) rounded to bf16 (to nearest even) and stored as token pairs at pt2 (16 words
-// per pair).
+// tile's): p_t = 2^(s_t + neg) (vexp2_coarse) rounded to bf16 (to nearest even) and stored as
+// token pairs at pt2 (16 words per pair).
 // Returns per lane the sum of the rounded p (vdpbf16ps by (1, 1): exact, summed in fp32), so
 // the weights the output is divided by are the ones p.v used.
 PAGEDLLM_BF16_FN V bf16_prob_pairs(const float* pt, int np, V neg, uint32_t* pt2) {

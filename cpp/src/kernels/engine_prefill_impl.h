@@ -366,6 +366,7 @@ void prefill_typed(const AttendTask& task, float* work) {
   if (task.token_begin >= end) return;
   PrefillWork w;
   carve(work, rows, hd, &w);
+  const float q_mul = task.q_mul * kLog2E;  // the scores in log2 units
 #ifdef PAGEDLLM_ENGINE_BF16_DOT
   constexpr bool bf16_keys = CT == CacheType::kBFloat16 || CT == CacheType::kFp8E4M3 ||
                              CT == CacheType::kFp8E5M2;
@@ -374,12 +375,12 @@ void prefill_typed(const AttendTask& task, float* work) {
   if (dot) {
     pack_query_pairs(task.q, rows, hd, w.rows_pad, reinterpret_cast<uint32_t*>(w.qt));
   } else {
-    transpose_queries(task.q, task.q_mul * kLog2E, rows, hd, w.rows_pad, w.qt);
+    transpose_queries(task.q, q_mul, rows, hd, w.rows_pad, w.qt);
   }
 #else
   const bool dot = false;
   const bool pairs = false;
-  transpose_queries(task.q, task.q_mul * kLog2E, rows, hd, w.rows_pad, w.qt);
+  transpose_queries(task.q, q_mul, rows, hd, w.rows_pad, w.qt);
 #endif
   for (int r = 0; r < w.rows_pad; ++r) {
     const bool real = r < rows;
@@ -411,8 +412,7 @@ void prefill_typed(const AttendTask& task, float* work) {
         hi = imax(hi, task.row_limit[r0 + r]);
       }
       if (hi > c.pos0) {
-        tile_row_vector(w, r0, real, lo, hi, c.pos0, c.n, hd, dot, pairs,
-                        task.q_mul * kLog2E, task.acc);
+        tile_row_vector(w, r0, real, lo, hi, c.pos0, c.n, hd, dot, pairs, q_mul, task.acc);
       }
     }
     if (next_pos >= end) break;
