@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from benchmarks import isa
 from pagedllm import _core, threads
 from pagedllm.model import huge_pages
 
@@ -126,6 +127,7 @@ class VllmKernel:
                                 # its caches on huge pages too, like pagedllm's (torch's switch)
                                 "THP_MEM_ALLOC_ENABLE": "1" if huge_pages.enabled() else "0"})
         self.version = self.peer.version
+        self.kernel_libraries = self.peer.info.get("kernel_libraries")
 
     def case(self, key: str, batch: int, ctx: int, storage: str, block: int) -> dict:
         """Builds one case in the worker; returns its ISA and K/V bytes."""
@@ -398,7 +400,12 @@ def main() -> None:
                     help="leave vLLM's kernel out even when its venv exists")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "attention.json"))
+    ap.add_argument("--isa", default="native", choices=isa.ISAS,
+                    help="avx2: pagedllm's, torch's and vLLM's kernels held to AVX2 (an "
+                         "AVX2-only CPU emulated, benchmarks/isa.py)")
     args = ap.parse_args()
+    isa.emulate(args.isa)
+    args.isa_check = isa.check(args.isa)
     threads.share_torch_threads()  # the kernels on torch's OpenMP team, as in the engine
     if args.cpu_time:
         global CLOCK
@@ -475,7 +482,8 @@ def start_peer(disabled: bool):
     except PeerUnavailable as e:
         print(f"vLLM kernel peer left out: {e}")
         return None, {"vllm": f"left out: {e}"}
-    return peer, {"vllm": peer.version, "vllm_blocks": list(VLLM_BLOCKS)}
+    return peer, {"vllm": peer.version, "vllm_blocks": list(VLLM_BLOCKS),
+                  "vllm_kernel_libraries": peer.kernel_libraries}
 
 
 def write_results(args, decode, generic, prefill, engines=()) -> None:
@@ -487,6 +495,7 @@ def write_results(args, decode, generic, prefill, engines=()) -> None:
                 clock="thread_time" if args.cpu_time else "perf_counter",
                 torch=torch.__version__, rounds=args.rounds, peer=getattr(args, "peer", None),
                 read_bw_range_gbps=getattr(args, "run_bw", None),
+                isa=args.isa, isa_check=args.isa_check,
                 load_avg=os.getloadavg() if hasattr(os, "getloadavg") else None)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(dict(meta=meta, decode=decode, decode_generic=generic,

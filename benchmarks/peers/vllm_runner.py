@@ -28,6 +28,9 @@ import sys
 import time
 
 from worker_protocol import reply, serve  # beside this script (run as a file)
+from vllm_isa import hold_to_emulated_isa
+
+hold_to_emulated_isa()  # at module level: the spawned engine core runs it too
 
 
 def generate(llm, cmd):
@@ -56,6 +59,25 @@ def generate(llm, cmd):
             "output_tokens": sum(len(c.token_ids) for o in outs for c in o.outputs),
             "first_tokens": [list(o.outputs[0].token_ids[:keep]) for o in outs],
             "ttft_s": ttft or None}
+
+
+def kernel_libraries(pid: int) -> list:
+    """Names of vLLM's kernel libraries (vllm/_C*.so) mapped by pid's descendants (its engine
+    core): which of _C, _C_AVX512 and _C_AVX2 the run used."""
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            if p != pid:
+                with open(f"/proc/{p}/maps") as f:
+                    found |= {os.path.basename(line.split()[-1]) for line in f
+                              if "/vllm/_C" in line}
+        except OSError:
+            continue
+    return sorted(found)
 
 
 def main() -> None:
@@ -88,7 +110,8 @@ def main() -> None:
            "max_num_batched_tokens": sched.max_num_batched_tokens,
            "enable_prefix_caching": args.enable_prefix_caching,
            "kv_space_gib": int(os.environ["VLLM_CPU_KVCACHE_SPACE"]),
-           "threads_bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"], "dtype": args.dtype})
+           "threads_bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"], "dtype": args.dtype,
+           "kernel_libraries": kernel_libraries(os.getpid())})
 
     def reset_prefix_cache(cmd: dict) -> None:
         llm.reset_prefix_cache()
