@@ -16,13 +16,14 @@ shapes, dtypes and bytes as pagedllm's case (fp8: e4m3 bytes, k_scale = v_scale 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 
 import torch
 
 from worker_protocol import reply, serve  # beside this script (run as a file)
-from vllm_isa import hold_to_emulated_isa
+from vllm_isa import hold_to_emulated_isa, kernel_libraries
 
 hold_to_emulated_isa()  # PAGEDLLM_BENCH_ISA=avx2: vLLM's AVX2 kernels (benchmarks/isa.py)
 
@@ -93,10 +94,8 @@ def main() -> None:
         c.run()
         return {"s": time.perf_counter() - t}
 
-    with open("/proc/self/maps") as f:  # which of vLLM's kernel libraries this run uses
-        libs = sorted({line.split()[-1].rsplit("/", 1)[-1] for line in f if "/vllm/_C" in line})
     reply({"event": "ready", "startup_s": time.perf_counter() - t0,
-           "version": __import__("vllm").__version__, "kernel_libraries": libs})
+           "version": __import__("vllm").__version__, "kernel_libraries": kernel_libraries(os.getpid())})
     serve({"case": case, "time": timed, "drop": lambda cmd: state.clear()})
 
 

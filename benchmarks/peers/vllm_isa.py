@@ -1,4 +1,5 @@
-"""vLLM's CPU kernels held to the instruction set of an emulated run (benchmarks/isa.py).
+"""vLLM's CPU kernels held to the instruction set of an emulated run (benchmarks/isa.py), and
+which of its kernel libraries a run mapped.
 
 vLLM picks its kernel library (vllm/_C for AVX512-BF16 CPUs, _C_AVX512, _C_AVX2) by torch's CPU
 checks (vllm/platforms/cpu.py, import_kernels). In a run with PAGEDLLM_BENCH_ISA=avx2 they
@@ -21,3 +22,26 @@ def hold_to_emulated_isa() -> None:
 
     torch.cpu._is_avx512_supported = lambda: False
     torch.cpu._is_avx512_bf16_supported = lambda: False
+
+
+def kernel_libraries(pid: int) -> list:
+    """Names of vLLM's kernel libraries (vllm/_C*.so) mapped by pid and its descendants (the
+    engine core vLLM spawns, its workers): which of _C, _C_AVX512 and _C_AVX2 a run used.
+
+    Args:
+        pid: the root process.
+    Returns:
+        The sorted file names, empty where none is mapped.
+    """
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            with open(f"/proc/{p}/maps") as f:
+                found |= {os.path.basename(line.split()[-1]) for line in f if "/vllm/_C" in line}
+        except OSError:  # a process that ended meanwhile
+            continue
+    return sorted(found)

@@ -28,7 +28,7 @@ import sys
 import time
 
 from worker_protocol import reply, serve  # beside this script (run as a file)
-from vllm_isa import hold_to_emulated_isa
+from vllm_isa import hold_to_emulated_isa, kernel_libraries
 
 hold_to_emulated_isa()  # at module level: the spawned engine core runs it too
 
@@ -59,25 +59,6 @@ def generate(llm, cmd):
             "output_tokens": sum(len(c.token_ids) for o in outs for c in o.outputs),
             "first_tokens": [list(o.outputs[0].token_ids[:keep]) for o in outs],
             "ttft_s": ttft or None}
-
-
-def kernel_libraries(pid: int) -> list:
-    """Names of vLLM's kernel libraries (vllm/_C*.so) mapped by pid's descendants (its engine
-    core): which of _C, _C_AVX512 and _C_AVX2 the run used."""
-    found, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-            if p != pid:
-                with open(f"/proc/{p}/maps") as f:
-                    found |= {os.path.basename(line.split()[-1]) for line in f
-                              if "/vllm/_C" in line}
-        except OSError:
-            continue
-    return sorted(found)
 
 
 def main() -> None:

@@ -83,7 +83,7 @@ def test_check_refuses_a_run_the_emulation_did_not_reach():
     assert "'pagedllm_cpu_engine': 'avx512" in out.stdout
 
 
-def test_the_vllm_worker_names_the_kernel_library_its_children_map(tmp_path):
+def test_the_vllm_workers_name_the_kernel_library_their_processes_map(tmp_path):
     lib = tmp_path / "vllm" / "_C_AVX2.abi3.so"
     lib.parent.mkdir()
     lib.write_bytes(b"\0" * 4096)
@@ -99,11 +99,17 @@ def test_the_vllm_worker_names_the_kernel_library_its_children_map(tmp_path):
         assert child.stdout.readline().strip() == "mapped"
         sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
         try:
-            import vllm_runner
+            import vllm_isa
         finally:
             sys.path.remove(str(ROOT / "benchmarks" / "peers"))
-        assert vllm_runner.kernel_libraries(os.getpid()) == ["_C_AVX2.abi3.so"]
-        assert vllm_runner.kernel_libraries(child.pid) == []  # its own maps do not count
+        assert vllm_isa.kernel_libraries(os.getpid()) == ["_C_AVX2.abi3.so"]  # a descendant's
+        assert vllm_isa.kernel_libraries(child.pid) == ["_C_AVX2.abi3.so"]  # its own
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            assert vllm_isa.kernel_libraries(other.pid) == []  # not a sibling's
+        finally:
+            other.kill()
+            other.wait()
     finally:
         child.kill()
         child.wait()
