@@ -152,7 +152,8 @@ class _Peers:
             if name in cfg.peers:
                 self._start_worker(name, ckpt, notes, unified)
 
-    def _start_worker(self, name: str, ckpt: str, notes: dict, kv_unified: bool) -> None:
+    def _start_worker(self, name: str, ckpt: str, notes: dict, kv_unified: bool,
+                      note: str = "", **llamacpp) -> None:
         from benchmarks.peers.worker_client import PeerUnavailable
 
         try:
@@ -163,14 +164,30 @@ class _Peers:
             else:
                 from benchmarks.peers.llamacpp_client import LlamaCppPeer
 
-                peer = LlamaCppPeer(ckpt, kv_unified=kv_unified)
+                peer = LlamaCppPeer(ckpt, kv_unified=kv_unified, **llamacpp)
         except PeerUnavailable as e:
-            notes[f"{name}_unavailable"] = str(e)
+            notes[f"{name}{note}_unavailable"] = str(e)
             return
         self.engines[name] = peer
-        self.startup[name] = round(peer.startup_s, 2)
-        self.versions[name] = peer.version
-        notes[f"{name}_config"] = peer.info
+        if not note:
+            self.startup[name] = round(peer.startup_s, 2)
+            self.versions[name] = peer.version
+        notes[f"{name}{note}_config"] = peer.info
+
+    def fit_llamacpp(self, ckpt: str, reqs: List[BenchRequest], notes: dict) -> None:
+        """Restarts llama.cpp with room for every request of reqs at once where its KV cache has
+        one region per sequence (not unified) too small for the longest of them: llama_decode
+        finds no slot for such a prompt. A unified cache (64 x 2048 cells) holds them as is."""
+        peer = self.engines.get("llama.cpp")
+        if peer is None or peer.info.get("kv_unified"):
+            return
+        need = max(len(r.prompt_token_ids) + r.max_tokens for r in reqs)
+        if need <= peer.info["seq_tokens"]:
+            return
+        peer.close()
+        del self.engines["llama.cpp"]
+        self._start_worker("llama.cpp", ckpt, notes, False, note="_long_prompt",
+                           max_seqs=len(reqs), seq_tokens=-(-need // 256) * 256)
 
     def close(self) -> None:
         for peer in self.engines.values():
@@ -248,7 +265,13 @@ def run_model(preset: str, cfg: ThroughputConfig, bar) -> dict:
                                for k, v in point.items() if k != "pagedllm"}
             sweep[str(n)] = point
         long_reqs = long_prompt_workload(cfg.long_prompt[0], vocab, *cfg.long_prompt[1:], seed=7)
-        long_runs: Dict[str, List[RunResult]] = {n: [] for n in order if n != "transformers"}
+        if "llama.cpp" in eng:
+            bar.set_postfix_str(f"{preset}: long prompts, llama.cpp's KV regions")
+            peers.fit_llamacpp(ckpt, long_reqs, notes)
+            if "llama.cpp" in eng:
+                _run(eng["llama.cpp"], warm, 4)
+        long_runs: Dict[str, List[RunResult]] = {n: [] for n in order
+                                                 if n != "transformers" and n in eng}
         for r in range(cfg.repeats.get(preset, 1)):
             names = list(long_runs)
             for name in names[r % len(names):] + names[:r % len(names)]:

@@ -41,6 +41,12 @@ def _engine_configs(models: dict) -> list:
                    f"{ll['seq_tokens']} slots ({layouts}: the faster layout for each model), "
                    f"{ll['kv_cache']} KV, flash attention off, {ll['threads']} threads, greedy "
                    f"argmax in the worker")
+        longs = [(m, d["notes"]["llama.cpp_long_prompt_config"]) for m, d in models.items()
+                 if "llama.cpp_long_prompt_config" in d.get("notes", {})]
+        if longs:
+            cfg[-1] += " (long prompts: " + ", ".join(
+                f"{lc['max_seqs']} x {lc['seq_tokens']} slots on {m}" for m, lc in longs) + \
+                ", restarted so that the longest request fits its sequence's region)"
     hv = d0.get("versions", {}).get("transformers")
     if hv:
         cfg.append(f"transformers {hv}: `generate`, greedy, left-padded batches in arrival "

@@ -253,3 +253,44 @@ def test_diagnostics_cost_quick(bench_env, tmp_path):
     assert res["spans_per_layers_run"] >= res["steps_per_run"] * 4
     assert all(len(m["cpu"]["runs_s"]) == 1 for m in res["modes"].values())
     assert data["span_cost_ns"]["recorded"] > 0
+
+
+class _FakeLlamaCpp:
+    """A started llama.cpp peer as _Peers sees it: its ready reply and close()."""
+
+    def __init__(self, seq_tokens: int, kv_unified: bool):
+        self.info = {"seq_tokens": seq_tokens, "kv_unified": kv_unified, "max_seqs": 64}
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("seq_tokens,unified,restarted", [
+    (2048, False, True),    # a 4,000-token request has no slot in a 2,048-cell region
+    (4096, False, False),   # it fits
+    (2048, True, False),    # one buffer of 64 x 2048 cells holds it
+])
+def test_llamacpp_is_restarted_when_a_long_prompt_has_no_slot(seq_tokens, unified, restarted):
+    from benchmarks.bench_throughput import _Peers
+
+    peers = object.__new__(_Peers)  # the engines alone, none started
+    old = _FakeLlamaCpp(seq_tokens, unified)
+    peers.engines = {"pagedllm": object(), "llama.cpp": old}
+    started = []
+
+    def start(name, ckpt, notes, kv_unified, note="", **kw):
+        started.append((name, kv_unified, note, kw))
+        peers.engines[name] = _FakeLlamaCpp(kw["seq_tokens"], kv_unified)
+
+    peers._start_worker = start
+    reqs = [BenchRequest([5] * 3990, 10), BenchRequest([5] * 1200, 10),
+            BenchRequest([5] * 2000, 10)]
+    peers.fit_llamacpp("ckpt", reqs, {})
+    assert old.closed == restarted
+    if restarted:  # every request at once, the longest (4,000 tokens) rounded up to 256
+        assert started == [("llama.cpp", False, "_long_prompt",
+                            {"max_seqs": 3, "seq_tokens": 4096})]
+        assert peers.engines["llama.cpp"] is not old
+    else:
+        assert started == [] and peers.engines["llama.cpp"] is old
