@@ -175,19 +175,21 @@ class _Peers:
         notes[f"{name}{note}_config"] = peer.info
 
     def fit_llamacpp(self, ckpt: str, reqs: List[BenchRequest], notes: dict) -> None:
-        """Restarts llama.cpp with room for every request of reqs at once where its KV cache has
-        one region per sequence (not unified) too small for the longest of them: llama_decode
-        finds no slot for such a prompt. A unified cache (64 x 2048 cells) holds them as is."""
+        """Restarts llama.cpp for reqs (the long prompts) with one KV region per sequence, every
+        request at once, each region holding the longest request, unless it runs so already.
+        Its mixed-workload layout does not serve them: a region of 2048 cells has no slot for a
+        longer prompt (llama_decode fails), and in the unified layout every token's attention
+        spans every sequence's cells (on "small" about 1 output token a second)."""
         peer = self.engines.get("llama.cpp")
-        if peer is None or peer.info.get("kv_unified"):
+        if peer is None:
             return
-        need = max(len(r.prompt_token_ids) + r.max_tokens for r in reqs)
-        if need <= peer.info["seq_tokens"]:
+        need = -(-max(len(r.prompt_token_ids) + r.max_tokens for r in reqs) // 256) * 256
+        if not peer.info.get("kv_unified") and need <= peer.info["seq_tokens"]:
             return
         peer.close()
         del self.engines["llama.cpp"]
         self._start_worker("llama.cpp", ckpt, notes, False, note="_long_prompt",
-                           max_seqs=len(reqs), seq_tokens=-(-need // 256) * 256)
+                           max_seqs=len(reqs), seq_tokens=need)
 
     def close(self) -> None:
         for peer in self.engines.values():

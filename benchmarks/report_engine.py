@@ -46,7 +46,7 @@ def _engine_configs(models: dict) -> list:
         if longs:
             cfg[-1] += " (long prompts: " + ", ".join(
                 f"{lc['max_seqs']} x {lc['seq_tokens']} slots on {m}" for m, lc in longs) + \
-                ", restarted so that the longest request fits its sequence's region)"
+                ", one region per sequence, each holding the longest request)"
     hv = d0.get("versions", {}).get("transformers")
     if hv:
         cfg.append(f"transformers {hv}: `generate`, greedy, left-padded batches in arrival "

@@ -269,9 +269,9 @@ class _FakeLlamaCpp:
 @pytest.mark.parametrize("seq_tokens,unified,restarted", [
     (2048, False, True),    # a 4,000-token request has no slot in a 2,048-cell region
     (4096, False, False),   # it fits
-    (2048, True, False),    # one buffer of 64 x 2048 cells holds it
+    (2048, True, True),     # unified: attention over every sequence's cells, per sequence instead
 ])
-def test_llamacpp_is_restarted_when_a_long_prompt_has_no_slot(seq_tokens, unified, restarted):
+def test_llamacpp_gets_a_region_per_long_prompt(seq_tokens, unified, restarted):
     from benchmarks.bench_throughput import _Peers
 
     peers = object.__new__(_Peers)  # the engines alone, none started
