@@ -11,7 +11,7 @@ on a CPU with AVX2 and FMA but no AVX-512:
   layers on oneDNN (PAGEDLLM_LINEAR=onednn), which is what `packed_linear.choose_backend`
   picks on a CPU without AVX-512;
 - vLLM's CPU build: its AVX2 kernel library (`vllm/_C_AVX2`) in place of the AVX-512 one
-  (peers/vllm_runner.py, on PAGEDLLM_BENCH_ISA).
+  (peers/vllm_isa.py, on PAGEDLLM_BENCH_ISA).
 
 The variables must be set before torch and oneDNN start, so `emulate` re-executes the process
 with them. What the core runs differs from a real AVX2-only CPU (its caches, clock and memory

