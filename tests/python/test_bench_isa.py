@@ -15,16 +15,21 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import isa  # noqa: E402
+import pagedllm  # noqa: E402
 from pagedllm import _core  # noqa: E402
 
 HAS_AVX2 = "avx2" in _core.cpu_engines()
 HAS_AVX512 = "avx512" in _core.cpu_engines()
 
 
+# The repository root (for `benchmarks`) and the folder of the pagedllm this process imported
+# (the source tree in a dev build, site-packages where it is installed): a child's path.
+CHILD_PATH = os.pathsep.join([str(ROOT), str(Path(pagedllm.__file__).resolve().parents[1])])
+
+
 def run_python(code: str, env: dict) -> subprocess.CompletedProcess:
     """code in a fresh interpreter, from the repository root, with env added."""
-    path = os.pathsep.join([str(ROOT), str(ROOT / "python"), os.environ.get("PYTHONPATH", "")])
-    full = {**os.environ, **env, "PYTHONPATH": path}
+    full = {**os.environ, **env, "PYTHONPATH": CHILD_PATH}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=full,
                           capture_output=True, text=True, timeout=300)
 
@@ -57,10 +62,9 @@ def test_emulate_re_executes_with_the_variables_and_check_sees_avx2():
     """
     # -c scripts see argv ["-c", ...]: the re-execution keeps the arguments after the script.
     code = textwrap.dedent(script)
-    path = os.pathsep.join([str(ROOT), str(ROOT / "python")])
     out = subprocess.run([sys.executable, "-c", code, "one", "two"], cwd=ROOT,
-                         env={**clean_env(), "PYTHONPATH": path}, capture_output=True, text=True,
-                         timeout=300)
+                         env={**clean_env(), "PYTHONPATH": CHILD_PATH}, capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "argv ['one', 'two']" in out.stdout
     assert ("check {'torch_cpu_capability': 'AVX2', 'pagedllm_cpu_engine': 'avx2', "
