@@ -22,22 +22,10 @@ from typing import Dict, List
 
 from benchmarks.common import checkpoint, write_results
 from benchmarks.engines import PagedEngine
+from benchmarks.peers.worker_protocol import process_tree
 from benchmarks.workloads import BenchRequest, long_prompt_workload
 
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def process_tree(pid: int) -> List[int]:
-    """pid and all its descendants."""
-    out = [pid]
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                for child in f.read().split():
-                    out += process_tree(int(child))
-    except FileNotFoundError:
-        pass
-    return out
 
 
 def cpu_seconds(pids: List[int]) -> Dict[int, float]:

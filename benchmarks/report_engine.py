@@ -53,8 +53,7 @@ def _engine_configs(models: dict) -> list:
                    f"order, min_new_tokens = max_new_tokens = the batch's longest output, "
                    f"attention `{notes.get('transformers_attn_implementation')}`, default "
                    f"(dynamic) KV cache; only each request's own tokens count")
-    for name, label in (("vllm-cpu", NAMES.get("vllm-cpu", "vllm-cpu")),
-                        ("llama.cpp", NAMES.get("llama.cpp", "llama.cpp")),
+    for name, label in (("vllm-cpu", NAMES["vllm-cpu"]), ("llama.cpp", NAMES["llama.cpp"]),
                         ("llama.cpp_long_prompt", "llama.cpp (long prompts)")):
         if notes.get(f"{name}_unavailable"):
             cfg.append(f"{label} not run: {notes[f'{name}_unavailable']}")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from worker_protocol import process_tree  # beside this file (stdlib only)
+
 
 def hold_to_emulated_isa() -> None:
     """Makes torch report no AVX-512 in this process where PAGEDLLM_BENCH_ISA is avx2."""
@@ -33,13 +35,9 @@ def kernel_libraries(pid: int) -> list:
     Returns:
         The sorted file names, empty where none is mapped.
     """
-    found, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
+    found = set()
+    for p in process_tree(pid):
         try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
             with open(f"/proc/{p}/maps") as f:
                 found |= {os.path.basename(line.split()[-1]) for line in f if "/vllm/_C" in line}
         except OSError:  # a process that ended meanwhile

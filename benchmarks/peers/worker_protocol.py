@@ -9,10 +9,24 @@ stdout too; the client keeps only marked lines).
 from __future__ import annotations
 
 import json
+import os
 import sys
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 MARKER = "@@pagedllm-bench@@ "
+
+
+def process_tree(pid: int) -> List[int]:
+    """pid and all its descendants (from /proc; a process that ended meanwhile is left out)."""
+    out = [pid]
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                for child in f.read().split():
+                    out += process_tree(int(child))
+    except FileNotFoundError:
+        pass
+    return out
 
 
 def reply(obj: dict) -> None:
