@@ -149,6 +149,7 @@ void bind_kernels(py::module_& m) {
         "Forces the portable attention kernel (True) or the best one for this CPU (False).");
   bind_fused_kernels(m);  // bind_fused.cpp: rms_norm, fused_add_rms_norm, silu_and_mul, RoPE
   bind_linear_kernels(m);  // bind_linear.cpp: packed linear layers
+  bind_decoder_kernels(m);  // bind_decoder.cpp: the decoder stack
 }
 
 }  // namespace pagedllm::python

@@ -14,6 +14,7 @@ void bind_sparse_kernels(pybind11::module_& m);  // bind_sparse.cpp, with bind_k
 void bind_cross_kernels(pybind11::module_& m);   // bind_cross.cpp, with bind_kernels
 void bind_fused_kernels(pybind11::module_& m);   // bind_fused.cpp, from bind_kernels
 void bind_linear_kernels(pybind11::module_& m);  // bind_linear.cpp, from bind_kernels
+void bind_decoder_kernels(pybind11::module_& m);  // bind_decoder.cpp, from bind_kernels
 void bind_cuda(pybind11::module_& m);     // bind_cuda.cpp: submodule `cuda`, when CUDA is built
 
 }  // namespace pagedllm::python

@@ -5,6 +5,7 @@ target_sources(_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/bind_cross.cpp
   ${CMAKE_CURRENT_LIST_DIR}/bind_fused.cpp
   ${CMAKE_CURRENT_LIST_DIR}/bind_linear.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/bind_decoder.cpp
   ${CMAKE_CURRENT_LIST_DIR}/dlpack_tensor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kernel_args.cpp
 )

@@ -25,6 +25,7 @@ target_sources(pagedllm_core PRIVATE
   ${_pagedllm_kernels_dir}/fused_rows_generic.cpp
   ${_pagedllm_kernels_dir}/membw.cpp
   ${_pagedllm_kernels_dir}/linear.cpp
+  ${_pagedllm_kernels_dir}/decoder.cpp
 )
 
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64|i[3-6]86)$")

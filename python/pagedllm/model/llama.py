@@ -25,6 +25,7 @@ from pagedllm import ops
 from pagedllm.model import packed_linear
 from pagedllm.model.attention import AttentionMetadata, paged_attention
 from pagedllm.model.config import ModelConfig
+from pagedllm.model.decoder_stack import DecoderStack
 from pagedllm.model.kv_cache import PagedKVCache
 from pagedllm.model.rope import RotaryEmbedding
 
@@ -267,6 +268,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, False, dtype)
         self.rotary = RotaryEmbedding(config)
+        # The CPU step's layers in one kernel call (decoder_stack.py), built at the first step
+        # after the weights are packed; False: not built yet, None: this model cannot use it.
+        self._stack: Optional[DecoderStack] | bool = False
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -296,6 +300,7 @@ class LlamaForCausalLM(nn.Module):
         packed = prepack_linears(self, self.dtype)
         if self.lm_head is None and self.embed_tokens.pack_tied():
             packed += 1
+        self._stack = False  # the weights moved: build the decoder stack again
         return packed
 
     @torch.inference_mode()
@@ -338,6 +343,10 @@ class LlamaForCausalLM(nn.Module):
             x = inputs_embeds
         # cos, sin: [num_tokens, 1, head_dim], shared by every layer
         cos, sin = self.rotary.tables(positions, self.dtype)
+        if observer is None and self._stack is False:
+            self._stack = DecoderStack.build(self)
+        if observer is None and self._stack is not None and DecoderStack.serves(x, meta, kv):
+            return self._stack.run(x.contiguous(), cos, sin, meta, kv)
         if observer is None and all(type(m) is LlamaDecoderLayer for m in self.layers):
             pending = None  # each layer's MLP output, added in the next norm
             for i, layer in enumerate(self.layers):
