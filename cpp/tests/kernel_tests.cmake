@@ -5,5 +5,6 @@ target_sources(pagedllm_core_tests PRIVATE ${CMAKE_CURRENT_LIST_DIR}/test_kernel
   ${CMAKE_CURRENT_LIST_DIR}/test_kernel_cross.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_fused_ops.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_linear.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_decoder.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_thread_runtime.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_membw.cpp)
