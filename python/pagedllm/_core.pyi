@@ -272,6 +272,28 @@ def linear(y: Tensor, x: Tensor, packed: Tensor, bias: Optional[Tensor]) -> None
     """y [rows, out_features] = x [rows, in_features] @ W.T (+ bias), W packed by
     pack_linear_weight; float32 or bfloat16, float32 sums, y rounded once. y must not share
     memory with x, packed or bias (ValueError)."""
+class DecoderWeights:
+    """A Llama model's decoder weights for decoder_stack, borrowed (kept alive) and checked once:
+    per layer (input_norm, post_norm, qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down,
+    down_bias), norm weights [hidden], projections packed by pack_linear_weight, biases or None;
+    one float dtype throughout (ValueError otherwise)."""
+    def __init__(self, layers: Sequence[tuple], final_norm: Tensor, hidden: int, num_heads: int,
+                 num_kv_heads: int, head_dim: int, intermediate: int) -> None: ...
+    @property
+    def num_layers(self) -> int: ...
+    def workspace_bytes(self, num_tokens: int) -> int:
+        """Bytes of workspace decoder_stack needs for a step of num_tokens tokens."""
+def decoder_stack(weights: DecoderWeights, out: Tensor, x: Tensor, cos: Tensor, sin: Tensor,
+                  slot_mapping: Tensor, block_tables: Tensor, context_lens: Tensor,
+                  cu_seqlens_q: Tensor, num_decode_seqs: int, key_caches: Sequence[Tensor],
+                  value_caches: Sequence[Tensor], kv_cache_dtype: str, k_scale: float,
+                  v_scale: float, eps: float, scale: float, workspace: Tensor) -> None:
+    """One step's packed tokens x [num_tokens, hidden] (the residual stream, updated in place)
+    through every decoder layer over the paged caches; writes the final RMSNorm(x) into out.
+    cos / sin: [num_tokens, (1,) head_dim] RoPE tables; the attention metadata as for
+    paged_attention_decode / _prefill (the first num_decode_seqs sequences decode); workspace:
+    uint8 of weights.workspace_bytes(num_tokens), 64-byte aligned. Bit for bit the kernels'
+    outputs when called one by one (ValueError / IndexError on bad input, nothing written)."""
 def linear_kernel(dtype: str) -> str:
     """The tile loops linear() runs for dtype: "avx512", "avx512_bf16", "avx2" or "generic"
     (they follow set_cpu_engine)."""

@@ -44,8 +44,11 @@ def test_stub_declares_every_public_name_of_the_module():
         assert sorted(missing) == [], "in _core.pyi but not in _core"
 
 
-@pytest.mark.parametrize("name", ["BlockAllocator", "BlockStore", "KVCacheManager"])
+@pytest.mark.parametrize("name", ["BlockAllocator", "BlockStore", "KVCacheManager",
+                                  "DecoderWeights"])
 def test_stub_declares_every_public_member_of_each_class(name):
+    if not hasattr(_core, name):
+        pytest.skip(f"{name} is not in this build (kernel-less)")
     _, classes = _stub_names()
     declared = {n for n in classes[name] if not n.startswith("_")}
     assert sorted(_public(getattr(_core, name)) - declared) == []
