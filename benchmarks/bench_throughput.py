@@ -357,6 +357,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     isa.emulate(a.isa)
     models = tuple(m for m in a.models.split(",") if m)
     peers = () if a.peers == "none" else tuple(p for p in a.peers.split(",") if p)
+    unknown = [p for p in peers if p not in ENGINES[1:]]
+    if unknown:  # a misspelt peer would otherwise be left out without a word
+        ap.error(f"--peers: unknown {', '.join(unknown)}; expected some of "
+                 f"{', '.join(ENGINES[1:])} or none")
     cfg = ThroughputConfig(models=models, peers=peers, dtype=a.dtype,
                            mixed=dict(MIXED, n=a.mixed_requests), isa=a.isa)
     if a.concurrency:

