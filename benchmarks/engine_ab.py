@@ -10,10 +10,11 @@ state, so the per-round time ratios (first variant / each other one) are the fig
 median is reported, with the median wall times.
 
 Usage: PYTHONPATH=.:python python -m benchmarks.engine_ab --vary PAGEDLLM_HUGE_PAGES=0,1
-           [--model tiny] [--dtype float32] [--workload long|mixed] [--output-len 64]
-           [--max-prompt 4032] [--rounds 4]
+           [--model tiny] [--dtype float32] [--workload long|mixed|uniform] [--requests 16]
+           [--prompt-len 128] [--output-len 64] [--max-prompt 4032] [--rounds 4]
        ... --vary block_size=16,64
        ... --vary cpu_engine=avx512,auto --dtype bfloat16 --kv-cache-dtype fp8
+       ... --vary PAGEDLLM_DECODER_STACK=0,1 --workload uniform --requests 1
 Prints each round and the summary; writes benchmarks/results/engine_ab_<name>.json.
 """
 
@@ -60,18 +61,21 @@ def build(name: str, value: str, model: str, dtype: str, kv_cache_dtype: str) ->
             os.environ[name] = old
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vary", required=True)
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--kv-cache-dtype", default="auto", help="auto, bf16, fp8, ...")
-    ap.add_argument("--workload", choices=("long", "mixed"), default="long")
-    ap.add_argument("--requests", type=int, default=16, help="long workload: requests")
-    ap.add_argument("--output-len", type=int, default=64, help="long workload: tokens out")
+    ap.add_argument("--workload", choices=("long", "mixed", "uniform"), default="long")
+    ap.add_argument("--requests", type=int, default=16,
+                    help="long / uniform workloads: requests (uniform: all submitted at once)")
+    ap.add_argument("--prompt-len", type=int, default=128, help="uniform workload: prompt tokens")
+    ap.add_argument("--output-len", type=int, default=64,
+                    help="long / uniform workloads: tokens out")
     ap.add_argument("--max-prompt", type=int, default=4032, help="long workload: longest prompt")
     ap.add_argument("--rounds", type=int, default=4)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     name, values = parse_vary(args.vary)
     from pagedllm.model.checkpoint import random_config
 
@@ -89,6 +93,8 @@ def main() -> None:
     if args.workload == "long":
         reqs = long_prompt_workload(args.requests, vocab, 1024, args.max_prompt,
                                     args.output_len, seed=7)
+    elif args.workload == "uniform":
+        reqs = uniform_workload(args.requests, vocab, args.prompt_len, args.output_len)
     else:
         reqs = mixed_workload(vocab=vocab, seed=0, **ThroughputConfig().mixed)
     times = {v: [] for v in values}
@@ -113,10 +119,13 @@ def main() -> None:
         print(f"{name}={v}: median {summary[v]['median_s']:.3f} s, "
               f"{summary[v]['speedup_vs_first']:.3f}x {name}={base} (median of round ratios)")
     tag = f"{name.lower()}_{args.model}_{args.dtype}_{args.kv_cache_dtype}_{args.workload}"
+    if args.workload == "uniform":
+        tag += f"{args.requests}"
     write_results(f"engine_ab_{tag}", {
         "vary": name, "values": values, "model": args.model, "dtype": args.dtype,
         "kv_cache_dtype": args.kv_cache_dtype,
-        "workload": args.workload, "requests": len(reqs), "output_len": args.output_len,
+        "workload": args.workload, "requests": len(reqs), "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
         "max_prompt": args.max_prompt, "rounds": args.rounds, "results": summary})
 
 

@@ -302,3 +302,17 @@ def test_throughput_refuses_an_unknown_peer(capsys):
     with pytest.raises(SystemExit):
         bench_throughput.main(["--peers", "vllm-cpu,llamacpp"])
     assert "unknown llamacpp" in capsys.readouterr().err
+
+
+def test_engine_ab_uniform_workload(bench_env, monkeypatch, capsys):
+    # two engines, the decoder stack off and on, one round of 2 requests x (8 + 4 tokens)
+    from benchmarks import engine_ab
+
+    monkeypatch.setattr(engine_ab, "wait_until_quiet", lambda: 0.0)
+    engine_ab.main(["--vary", "PAGEDLLM_DECODER_STACK=0,1", "--workload", "uniform",
+                    "--requests", "2", "--prompt-len", "8", "--output-len", "4", "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert "PAGEDLLM_DECODER_STACK=1: median" in out
+    results = json.loads((bench_env / "engine_ab_pagedllm_decoder_stack_tiny_float32_auto_uniform2.json")
+                         .read_text())
+    assert results["requests"] == 2 and results["prompt_len"] == 8

@@ -74,9 +74,13 @@ def test_every_cpu_engine(tmp_path, pagedllm_linear, engine):
 def test_off_switch_and_models_it_does_not_serve(tmp_path, pagedllm_linear, monkeypatch):
     model, config = _load(tmp_path / "a")
     assert DecoderStack.build(model) is not None
+    # off for a model made and packed while PAGEDLLM_DECODER_STACK=0, whatever it says later
     monkeypatch.setenv("PAGEDLLM_DECODER_STACK", "0")
-    assert DecoderStack.build(model) is None
+    off, _ = load_model(tmp_path / "a", prepack=True)
     monkeypatch.delenv("PAGEDLLM_DECODER_STACK")
+    runner = PagedRunner(off, config, 16, 8)
+    runner.generate(PROMPTS[:2], 2)
+    assert off._stack is None
     # a projection left strided (not packed): the Python layers serve
     write_random_checkpoint(tmp_path / "b", dict(SHAPE, hidden_size=128, intermediate_size=192))
     small, _ = load_model(tmp_path / "b", prepack=True)

@@ -10,7 +10,8 @@ with the GIL released, so its output is the Python path's bit for bit
 It serves a plain Llama model (LlamaForCausalLM with its own layer classes) whose projections
 are all packed for pagedllm's GEMM (packed_linear backend "pagedllm": AVX-512 CPUs by default),
 float32 or bfloat16, on a step without block-sparse decode, without a key-bounds pool and
-without an observer; anything else takes the Python layers. PAGEDLLM_DECODER_STACK=0 turns it off.
+without an observer; anything else takes the Python layers. PAGEDLLM_DECODER_STACK=0 turns it off
+for the models made (or packed) while it is set.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ ENV = "PAGEDLLM_DECODER_STACK"
 
 
 def enabled() -> bool:
-    """False when PAGEDLLM_DECODER_STACK is 0 / false / off (read at each model build)."""
+    """False when PAGEDLLM_DECODER_STACK is 0 / false / off (LlamaForCausalLM reads it when it
+    is made and when its weights are packed)."""
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
@@ -61,7 +63,7 @@ class DecoderStack:
         from pagedllm.model.llama import (Linear, LlamaAttention, LlamaDecoderLayer, LlamaMLP,
                                           RMSNorm)
 
-        if not enabled() or not hasattr(_core, "decoder_stack"):
+        if not hasattr(_core, "decoder_stack"):  # a build without the CPU kernels
             return None
         if model.dtype not in (torch.float32, torch.bfloat16) or type(model.norm) is not RMSNorm:
             return None
