@@ -134,6 +134,16 @@ class PagedRunner:
                 s.generated.append(greedy)
 
 
+def prefill_meta(n: int, block_size: int = 16) -> AttentionMetadata:
+    """One sequence prefilling n tokens into blocks 0, 1, ... (slots 0 .. n - 1)."""
+    blocks = -(-n // block_size)
+    return AttentionMetadata(slot_mapping=torch.arange(n, dtype=torch.int64),
+                             block_tables=torch.arange(blocks, dtype=torch.int32)[None],
+                             context_lens=torch.tensor([n], dtype=torch.int32),
+                             cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
+                             num_decode_seqs=0)
+
+
 def load_hf(path: str | os.PathLike) -> torch.nn.Module:
     """transformers' LlamaForCausalLM from `path`, float32, eager attention, eval mode."""
     from transformers import LlamaForCausalLM

@@ -2,11 +2,10 @@
 call give the Python layers' outputs bit for bit, serve only the steps they can, and refuse bad
 input without writing."""
 
-import numpy as np
 import pytest
 import torch
 
-from model_fixtures import PagedRunner, blocks_needed, torch_one_thread  # noqa: F401
+from model_fixtures import PagedRunner, blocks_needed, prefill_meta, torch_one_thread  # noqa: F401
 from pagedllm import _core
 from pagedllm.model import load_model, write_random_checkpoint
 from pagedllm.model.decoder_stack import DecoderStack
@@ -103,19 +102,8 @@ def test_observer_steps_take_the_python_layers(tmp_path, pagedllm_linear):
 
     runner = PagedRunner(model, config, 16, 8)
     ids = torch.tensor(PROMPTS[2])
-    runner_meta = _prefill_meta(len(ids))
-    model(ids, torch.arange(len(ids)), runner_meta, runner.kv, observer=Observer())
+    model(ids, torch.arange(len(ids)), prefill_meta(len(ids)), runner.kv, observer=Observer())
     assert ("after", config.num_hidden_layers - 1) in seen
-
-
-def _prefill_meta(n, block_size=16):
-    from pagedllm.model import AttentionMetadata
-    blocks = -(-n // block_size)
-    return AttentionMetadata(slot_mapping=torch.arange(n, dtype=torch.int64),
-                             block_tables=torch.arange(blocks, dtype=torch.int32)[None],
-                             context_lens=torch.tensor([n], dtype=torch.int32),
-                             cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
-                             num_decode_seqs=0)
 
 
 def test_bad_input_is_refused_before_anything_is_written(tmp_path, pagedllm_linear):
@@ -125,7 +113,7 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, pagedllm_line
     n = 20
     x = torch.randn(n, config.hidden_size)
     cos, sin = model.rotary.tables(torch.arange(n))
-    meta = _prefill_meta(n)
+    meta = prefill_meta(n)
     layers = range(config.num_hidden_layers)
     keys = [runner.kv.key_cache(i) for i in layers]
     values = [runner.kv.value_cache(i) for i in layers]

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from model_fixtures import torch_one_thread  # noqa: F401  (fixture)
-from pagedllm.model import (AttentionMetadata, PagedKVCache, load_model, random_config,
+from model_fixtures import prefill_meta, torch_one_thread  # noqa: F401  (fixture)
+from pagedllm.model import (PagedKVCache, load_model, random_config,
                             write_random_checkpoint)
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -20,21 +20,11 @@ def loaded(tmp_path_factory):
     return load_model(path)
 
 
-def _prefill_meta(n, block_size=16):
-    # one sequence, n new tokens in blocks 0, 1, ...
-    blocks = -(-n // block_size)
-    return AttentionMetadata(slot_mapping=torch.arange(n, dtype=torch.int64),
-                             block_tables=torch.arange(blocks, dtype=torch.int32)[None],
-                             context_lens=torch.tensor([n], dtype=torch.int32),
-                             cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
-                             num_decode_seqs=0)
-
-
 def test_outputs_and_cache_writes(loaded):
     model, config = loaded
     kv = PagedKVCache(config, 4, 16)
     ids = torch.randint(0, config.vocab_size, (20,))
-    hidden = model(ids, torch.arange(20), _prefill_meta(20), kv)
+    hidden = model(ids, torch.arange(20), prefill_meta(20), kv)
     assert hidden.shape == (20, config.hidden_size) and hidden.dtype == torch.float32
     assert not hidden.requires_grad
     logits = model.compute_logits(hidden[-1:])
@@ -51,14 +41,14 @@ def test_contract_violations_are_refused(loaded):
     kv = PagedKVCache(config, 4, 16)
     ids = torch.randint(0, config.vocab_size, (5,))
     with pytest.raises(ValueError, match="num_tokens"):
-        model(ids, torch.arange(4), _prefill_meta(5), kv)
+        model(ids, torch.arange(4), prefill_meta(5), kv)
     with pytest.raises(ValueError, match="num_tokens"):
-        model(ids, torch.arange(5), _prefill_meta(6), kv)
+        model(ids, torch.arange(5), prefill_meta(6), kv)
     other = PagedKVCache(random_config(SHAPE, num_hidden_layers=3), 4, 16)
     with pytest.raises(ValueError, match="3 layers"):
-        model(ids, torch.arange(5), _prefill_meta(5), other)
+        model(ids, torch.arange(5), prefill_meta(5), other)
     # the kernels check the metadata against the pool (block id outside it)
-    meta = _prefill_meta(5)
+    meta = prefill_meta(5)
     meta.block_tables[0, 0] = 9
     with pytest.raises((ValueError, IndexError)):
         model(ids, torch.arange(5), meta, kv)
