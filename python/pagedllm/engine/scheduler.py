@@ -851,9 +851,10 @@ class Scheduler:
                                         self._free_beam)
                     self.num_generation_tokens += len(req.seqs)
                 continue
-            if req.finished:
+            finished = req.finished
+            if finished:
                 self.requests.pop(req.request_id, None)
-            if req.finished or self.stream_outputs:
+            if finished or self.stream_outputs:
                 outputs.append(OutputProcessor.request_output(req))
         return outputs
 

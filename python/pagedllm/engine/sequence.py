@@ -185,6 +185,8 @@ class Request:
     @property
     def finished(self) -> bool:
         """True when every sequence finished (after the fork, when one is due)."""
-        if self.params.best_of > 1 and not self.forked:
-            return self.seqs[0].is_finished  # aborted or failed before forking
-        return all(s.is_finished for s in self.seqs)
+        seqs = self.seqs
+        if len(seqs) == 1 or (self.params.best_of > 1 and not self.forked):
+            # one sequence, or aborted / failed before forking
+            return seqs[0].status is SequenceStatus.FINISHED
+        return all(s.status is SequenceStatus.FINISHED for s in seqs)
