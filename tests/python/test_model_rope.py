@@ -52,3 +52,28 @@ def test_llama3_scaling_changes_only_low_frequencies():
     scaled = RotaryEmbedding(ModelConfig.from_dict({**base, "rope_scaling": ROPES["llama3"]})).inv_freq
     assert torch.equal(scaled[:4], plain[:4])                      # high frequencies kept
     assert torch.allclose(scaled[-4:], plain[-4:] / 8.0)           # low frequencies / factor
+
+
+def test_cached_tables_equal_the_direct_computation_and_follow_inv_freq():
+    d = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+         "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+         "num_key_value_heads": 1, "max_position_embeddings": 8192}
+    rope = RotaryEmbedding(ModelConfig.from_dict(d))
+    for positions in (torch.tensor([5]), torch.tensor([0, 1023, 1024, 3000]),
+                      torch.randint(0, 4096, (40,))):  # the table grows past 1024 rows
+        for dtype in (torch.float32, torch.bfloat16):
+            cos, sin = rope.tables(positions, dtype)
+            assert cos.shape == (len(positions), 1, 32) and cos.dtype == dtype
+            # the rows of the whole range's tables (torch's vectorised cos / sin), bit for bit
+            all_cos, all_sin = rope._compute(torch.arange(4096), dtype)
+            assert torch.equal(cos[:, 0], all_cos[positions])
+            assert torch.equal(sin[:, 0], all_sin[positions])
+            # and within an ulp of the same ops on these positions alone
+            want_cos, want_sin = rope._compute(positions, dtype)
+            tol = dict(rtol=0, atol=2 * torch.finfo(dtype).eps)
+            assert torch.allclose(cos[:, 0].float(), want_cos.float(), **tol)
+            assert torch.allclose(sin[:, 0].float(), want_sin.float(), **tol)
+    rope.inv_freq.mul_(2.0)  # changed in place: the tables are made again
+    cos, _ = rope.tables(torch.tensor([7]))
+    assert torch.allclose(cos[:, 0], rope._compute(torch.tensor([7]), torch.float32)[0],
+                          rtol=0, atol=1e-6)

@@ -53,6 +53,10 @@ class RotaryEmbedding(torch.nn.Module):
         self.head_dim = config.head_dim
         # inv_freq: [head_dim // 2] float32
         self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)
+        # CPU: every position's rows computed once, [positions, head_dim] per dtype, grown by
+        # doubling to the largest position asked for; remade when inv_freq changes.
+        self._cache: dict = {}
+        self._cache_key: tuple = ()
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,12 +70,36 @@ class RotaryEmbedding(torch.nn.Module):
             sin: [num_tokens, 1, head_dim], sin of the angle, first half negated, so that
                  apply() is x * cos + swap_halves(x) * sin.
         """
+        if positions.device.type != "cpu" or positions.numel() == 0:
+            cos2, sin2 = self._compute(positions, dtype)
+            return cos2[:, None, :], sin2[:, None, :]
+        # A decode step's dozen small torch ops were 3-6% of a one-sequence step: gather rows
+        # of tables made once (the same ops over 0..n-1, so the same values per position).
+        cos_t, sin_t = self._tables(int(positions.max()) + 1, dtype)  # [rows, 1, head_dim]
+        ids = positions if positions.dtype == torch.int64 else positions.long()
+        return cos_t.index_select(0, ids), sin_t.index_select(0, ids)
+
+    def _compute(self, positions: torch.Tensor, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         # freqs: [num_tokens, head_dim // 2] float32
         freqs = positions[:, None].float() * self.inv_freq[None, :]
         cos, sin = freqs.cos(), freqs.sin()
-        cos2 = torch.cat((cos, cos), dim=-1).to(dtype)
+        cos2 = torch.cat((cos, cos), dim=-1).to(dtype)  # [num_tokens, head_dim]
         sin2 = torch.cat((-sin, sin), dim=-1).to(dtype)
-        return cos2[:, None, :], sin2[:, None, :]
+        return cos2, sin2
+
+    def _tables(self, size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos / sin rows [>= size, 1, head_dim] in dtype for positions 0.. (CPU)."""
+        key = (self.inv_freq._version, self.inv_freq.data_ptr())
+        if key != self._cache_key:  # inv_freq changed (in place, or replaced)
+            self._cache, self._cache_key = {}, key
+        have = self._cache.get(dtype)
+        if have is None or have[0].shape[0] < size:
+            rows = max(size, 2 * have[0].shape[0] if have is not None else 1024)
+            rows = -(-rows // 64) * 64
+            cos2, sin2 = self._compute(torch.arange(rows, dtype=torch.int64), dtype)
+            have = self._cache[dtype] = (cos2[:, None, :], sin2[:, None, :])
+        return have
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

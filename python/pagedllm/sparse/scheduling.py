@@ -31,7 +31,7 @@ class SparseScheduling:
         self.blocks_held_last_step = 0
         self.blocks_read_total = 0
         self.blocks_held_total = 0
-        self.blocks_dropped_total = 0
+        self.blocks_dropped_total = 0  # > 0 once any table has a dropped (-1) block
         self.force_plan = False  # plan (and run the sparse kernels) even when all blocks are read
 
     def config_for(self, params: Any) -> Optional[SparseAttentionConfig]:
@@ -138,8 +138,11 @@ class SparseScheduling:
         if any(c is not None and c.enabled for c in configs):
             plan = plan_step(configs, context_lens, self.block_size, self.force_plan)
         used = -(-context_lens.astype(np.int64) // self.block_size)
-        cols = np.arange(tables.shape[1] if tables.ndim == 2 else 0)
-        held = int(((tables >= 0) & (cols[None, :] < used[:, None])).sum()) if len(used) else 0
+        if self.blocks_dropped_total == 0:  # no table has a dropped block: each holds `used`
+            held = int(used.sum())
+        else:
+            cols = np.arange(tables.shape[1] if tables.ndim == 2 else 0)
+            held = int(((tables >= 0) & (cols[None, :] < used[:, None])).sum()) if len(used) else 0
         read = plan.blocks_read if plan is not None else held
         if plan is not None:
             plan.blocks_held = held
