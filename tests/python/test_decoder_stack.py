@@ -72,7 +72,7 @@ def test_every_cpu_engine(tmp_path, pagedllm_linear, engine):
 
 def test_off_switch_and_models_it_does_not_serve(tmp_path, pagedllm_linear, monkeypatch):
     model, config = _load(tmp_path / "a")
-    assert DecoderStack.build(model) is not None
+    assert model.build_decoder_stack() is not None
     # off for a model made and packed while PAGEDLLM_DECODER_STACK=0, whatever it says later
     monkeypatch.setenv("PAGEDLLM_DECODER_STACK", "0")
     off, _ = load_model(tmp_path / "a", prepack=True)
@@ -83,10 +83,10 @@ def test_off_switch_and_models_it_does_not_serve(tmp_path, pagedllm_linear, monk
     # a projection left strided (not packed): the Python layers serve
     write_random_checkpoint(tmp_path / "b", dict(SHAPE, hidden_size=128, intermediate_size=192))
     small, _ = load_model(tmp_path / "b", prepack=True)
-    assert DecoderStack.build(small) is None
+    assert small.build_decoder_stack() is None
     # unpacked weights: none
     plain, _ = load_model(tmp_path / "a", prepack=False)
-    assert DecoderStack.build(plain) is None
+    assert plain.build_decoder_stack() is None
 
 
 def test_observer_steps_take_the_python_layers(tmp_path, pagedllm_linear):
@@ -108,7 +108,7 @@ def test_observer_steps_take_the_python_layers(tmp_path, pagedllm_linear):
 
 def test_bad_input_is_refused_before_anything_is_written(tmp_path, pagedllm_linear):
     model, config = _load(tmp_path)
-    stack = DecoderStack.build(model)
+    stack = model.build_decoder_stack()
     runner = PagedRunner(model, config, 16, 4)
     n = 20
     x = torch.randn(n, config.hidden_size)

@@ -7,10 +7,10 @@ kernels, in the same order on the same buffers, for every layer and the final no
 with the GIL released, so its output is the Python path's bit for bit
 (tests/python/test_decoder_stack.py checks that).
 
-It serves a plain Llama model (LlamaForCausalLM with its own layer classes) whose projections
-are all packed for pagedllm's GEMM (packed_linear backend "pagedllm": AVX-512 CPUs by default),
-float32 or bfloat16, on a step without block-sparse decode, without a key-bounds pool and
-without an observer; anything else takes the Python layers. PAGEDLLM_DECODER_STACK=0 turns it off
+It serves a plain Llama model (LlamaForCausalLM.build_decoder_stack: its own layer classes,
+every projection packed for pagedllm's GEMM, packed_linear backend "pagedllm": AVX-512 CPUs by
+default), float32 or bfloat16, on a step without block-sparse decode, without a key-bounds pool
+and without an observer; anything else takes the Python layers. PAGEDLLM_DECODER_STACK=0 turns it off
 for the models made (or packed) while it is set.
 """
 
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-if TYPE_CHECKING:  # imported lazily: llama.py imports this module
+if TYPE_CHECKING:
     from pagedllm.model.attention import AttentionMetadata
+    from pagedllm.model.config import ModelConfig
     from pagedllm.model.kv_cache import PagedKVCache
-    from pagedllm.model.llama import LlamaForCausalLM
 
 ENV = "PAGEDLLM_DECODER_STACK"
 
@@ -51,52 +51,30 @@ class DecoderStack:
         self._workspace: Optional[torch.Tensor] = None  # reused while large enough
 
     @classmethod
-    def build(cls, model: "LlamaForCausalLM") -> Optional["DecoderStack"]:
-        """The stack of `model`, or None when it cannot serve it (see the module docstring).
+    def create(cls, layers: list, final_norm: torch.Tensor, config: "ModelConfig",
+               eps: float) -> Optional["DecoderStack"]:
+        """The stack of a model's layers, or None in a build without the CPU kernels.
 
         Args:
-            model: a LlamaForCausalLM, weights loaded and packed.
+            layers: per layer (input_norm, post_norm, qkv, qkv_bias, o, o_bias, gate_up,
+                gate_up_bias, down, down_bias): the norm weights, the projections' packed data
+                (packed_linear backend "pagedllm") and their biases or None.
+            final_norm: [hidden_size], the final norm's weight.
+            config: the model's config (sizes).
+            eps: the RMSNorm epsilon.
         Returns:
             The DecoderStack, or None.
+        Raises:
+            ValueError: a weight of the wrong shape or dtype (from `_core.DecoderWeights`).
         """
         from pagedllm import _core
-        from pagedllm.model.llama import (Linear, LlamaAttention, LlamaDecoderLayer, LlamaMLP,
-                                          RMSNorm)
 
-        if not hasattr(_core, "decoder_stack"):  # a build without the CPU kernels
+        if not hasattr(_core, "decoder_stack") or not layers:
             return None
-        if model.dtype not in (torch.float32, torch.bfloat16) or type(model.norm) is not RMSNorm:
-            return None
-
-        def packed(lin) -> Optional[tuple]:
-            if (type(lin) is not Linear or lin.packed is None or lin.packed.backend != "pagedllm"
-                    or lin.packed.data.device.type != "cpu"):
-                return None
-            return lin.packed.data, lin.bias
-
-        layers = []
-        for layer in model.layers:
-            if (type(layer) is not LlamaDecoderLayer or type(layer.self_attn) is not LlamaAttention
-                    or type(layer.mlp) is not LlamaMLP
-                    or type(layer.input_layernorm) is not RMSNorm
-                    or type(layer.post_attention_layernorm) is not RMSNorm):
-                return None
-            attn, mlp = layer.self_attn, layer.mlp
-            projections = [packed(attn.qkv_proj), packed(attn.o_proj), packed(mlp.gate_up_proj),
-                           packed(mlp.down_proj)]
-            if any(p is None for p in projections):
-                return None
-            flat = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-            for weight, bias in projections:
-                flat += [weight, bias]
-            layers.append(tuple(flat))
-        if not layers:
-            return None
-        cfg = model.config
-        weights = _core.DecoderWeights(layers, model.norm.weight, cfg.hidden_size,
-                                       cfg.num_attention_heads, cfg.num_key_value_heads,
-                                       cfg.head_dim, cfg.intermediate_size)
-        return cls(weights, model.norm.eps, cfg.head_dim ** -0.5)
+        weights = _core.DecoderWeights(layers, final_norm, config.hidden_size,
+                                       config.num_attention_heads, config.num_key_value_heads,
+                                       config.head_dim, config.intermediate_size)
+        return cls(weights, eps, config.head_dim ** -0.5)
 
     @staticmethod
     def serves(x: torch.Tensor, meta: "AttentionMetadata", kv: "PagedKVCache") -> bool:

@@ -286,6 +286,41 @@ class LlamaForCausalLM(nn.Module):
             raise RuntimeError("lm_head is prepacked: its weight has no strided copy")
         return head.weight
 
+    def build_decoder_stack(self) -> Optional[DecoderStack]:
+        """The CPU step's layers as one `_core.decoder_stack` call (model/decoder_stack.py).
+
+        Returns:
+            The DecoderStack, or None when it cannot serve this model: a dtype other than
+            float32 / bfloat16, a layer of another class (tensor-parallel, Mllama), or a
+            projection not packed for pagedllm's GEMM (strided, oneDNN, on a GPU).
+        """
+        if self.dtype not in (torch.float32, torch.bfloat16) or type(self.norm) is not RMSNorm:
+            return None
+
+        def packed(lin) -> Optional[tuple]:
+            if (type(lin) is not Linear or lin.packed is None or lin.packed.backend != "pagedllm"
+                    or lin.packed.data.device.type != "cpu"):
+                return None
+            return lin.packed.data, lin.bias
+
+        layers = []
+        for layer in self.layers:
+            if (type(layer) is not LlamaDecoderLayer or type(layer.self_attn) is not LlamaAttention
+                    or type(layer.mlp) is not LlamaMLP
+                    or type(layer.input_layernorm) is not RMSNorm
+                    or type(layer.post_attention_layernorm) is not RMSNorm):
+                return None
+            attn, mlp = layer.self_attn, layer.mlp
+            projections = [packed(attn.qkv_proj), packed(attn.o_proj), packed(mlp.gate_up_proj),
+                           packed(mlp.down_proj)]
+            if any(p is None for p in projections):
+                return None
+            flat = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            for weight, bias in projections:
+                flat += [weight, bias]
+            layers.append(tuple(flat))
+        return DecoderStack.create(layers, self.norm.weight, self.config, self.norm.eps)
+
     def prepack_weights(self) -> int:
         """Moves every projection weight into its GEMM kernel's layout (CPU fast path:
         packed_linear chooses pagedllm's kernels or oneDNN's).
@@ -347,7 +382,7 @@ class LlamaForCausalLM(nn.Module):
         # cos, sin: [num_tokens, 1, head_dim], shared by every layer
         cos, sin = self.rotary.tables(positions, self.dtype)
         if observer is None and self._stack is False:
-            self._stack = DecoderStack.build(self)
+            self._stack = self.build_decoder_stack()
         if observer is None and self._stack is not None and DecoderStack.serves(x, meta, kv):
             return self._stack.run(x.contiguous(), cos, sin, meta, kv)
         if observer is None and all(type(m) is LlamaDecoderLayer for m in self.layers):
