@@ -53,8 +53,10 @@ class RotaryEmbedding(torch.nn.Module):
         self.head_dim = config.head_dim
         # inv_freq: [head_dim // 2] float32
         self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)
-        # CPU: every position's rows computed once, [positions, head_dim] per dtype, grown by
-        # doubling to the largest position asked for; remade when inv_freq changes.
+        # CPU: every position's rows computed once, cos and sin [rows, 1, head_dim] per dtype,
+        # grown by doubling (up to max_position_embeddings, unless a larger position is asked
+        # for); remade when inv_freq changes.
+        self.max_positions = config.max_position_embeddings
         self._cache: dict = {}
         self._cache_key: tuple = ()
 
@@ -95,8 +97,8 @@ class RotaryEmbedding(torch.nn.Module):
             self._cache, self._cache_key = {}, key
         have = self._cache.get(dtype)
         if have is None or have[0].shape[0] < size:
-            rows = max(size, 2 * have[0].shape[0] if have is not None else 1024)
-            rows = -(-rows // 64) * 64
+            grown = min(2 * have[0].shape[0] if have is not None else 1024, self.max_positions)
+            rows = -(-max(size, grown) // 64) * 64
             cos2, sin2 = self._compute(torch.arange(rows, dtype=torch.int64), dtype)
             have = self._cache[dtype] = (cos2[:, None, :], sin2[:, None, :])
         return have
