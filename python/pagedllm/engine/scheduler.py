@@ -713,16 +713,22 @@ class Scheduler:
     def _pack(self, step: _Step) -> SchedulerOutput:
         """Orders the entries (decodes first), forks best_of requests whose prompt completes,
         and builds the arrays the worker consumes."""
-        entries = step.entries
-        order = sorted(range(len(entries)), key=lambda i: entries[i].num_new_tokens != 1)
-        entries = [entries[i] for i in order]
-        slots = [step.slots[i] for i in order]
+        entries, slots = step.entries, step.slots
         num_seqs = len(entries)
         num_decode = sum(1 for e in entries if e.num_new_tokens == 1)
-        q_lens = np.fromiter((e.num_new_tokens for e in entries), dtype=np.int32, count=num_seqs)
         starts = np.fromiter((e.start for e in entries), dtype=np.int64, count=num_seqs)
-        cu = np.zeros(num_seqs + 1, dtype=np.int32)
-        np.cumsum(q_lens, out=cu[1:])
+        if num_decode == num_seqs:  # decode rows only (the common step): nothing to reorder
+            q_lens = np.ones(num_seqs, dtype=np.int32)
+            cu = np.arange(num_seqs + 1, dtype=np.int32)
+        else:
+            order = sorted(range(num_seqs), key=lambda i: entries[i].num_new_tokens != 1)
+            entries = [entries[i] for i in order]
+            slots = [slots[i] for i in order]
+            starts = starts[order]
+            q_lens = np.fromiter((e.num_new_tokens for e in entries), dtype=np.int32,
+                                 count=num_seqs)
+            cu = np.zeros(num_seqs + 1, dtype=np.int32)
+            q_lens.cumsum(out=cu[1:])
         num_tokens = int(cu[-1])
         # input_ids / positions: [num_tokens]
         if num_decode == num_seqs:

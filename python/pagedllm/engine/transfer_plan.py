@@ -27,6 +27,8 @@ def no_pairs() -> np.ndarray:
 
 def as_pairs(pairs) -> np.ndarray:
     """(src, dst) pairs as a contiguous int64 [k, 2] array."""
+    if isinstance(pairs, list) and not pairs:  # most steps move nothing
+        return no_pairs()
     arr = np.asarray(pairs, dtype=np.int64)
     return arr.reshape(-1, 2) if arr.size else no_pairs()
 
