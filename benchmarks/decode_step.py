@@ -6,7 +6,10 @@ runs decode steps only (every sequence one token per step, greedy, forced length
   its main-thread CPU time (with --threads 1 every op runs on that thread, and the profile, the
   bandwidth and the matmul rate below are then timed in that thread's CPU time too, so that
   other jobs on a shared machine count less);
-- the same number of steps under cProfile: the own time of every function per step, in
+- with the decoder stack (model/decoder_stack.py: every layer's kernels in one `_core` call,
+  which a profile cannot split), the same number of steps on the Python layers, unprofiled:
+  the same kernels called one by one (`step_ms_python_layers`);
+- the same number of steps under cProfile, on the Python layers: the own time of every function per step, in
   buckets (layer projections, lm_head, attention kernel, KV write, RMSNorm, other torch ops,
   sampler, scheduler, runner input prep, the rest of the engine). cProfile slows the Python
   parts, so the buckets sum to more than the unprofiled step; the C buckets are barely touched.
@@ -141,6 +144,23 @@ def _profiled(eng, steps: int, clock=None) -> Dict[str, float]:
     return {k: 1e3 * v / steps for k, v in out.items()}  # ms per step
 
 
+def _llama(eng):
+    """The engine's model (in-process executor), or None."""
+    runner = getattr(getattr(getattr(eng, "executor", None), "worker", None), "model_runner", None)
+    return getattr(runner, "model", None)
+
+
+def _timed_steps(eng, steps: int) -> tuple:
+    """Wall and main-thread CPU seconds of each of `steps` engine steps."""
+    times, cpu_times = [], []
+    for _ in range(steps):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        eng.step()
+        times.append(time.perf_counter() - t0)
+        cpu_times.append(time.thread_time() - c0)
+    return times, cpu_times
+
+
 def run(model: str = "small", batch: int = 16, prompt_len: int = 128, steps: int = 24,
         dtype: str = "float32", threads=None) -> dict:
     """Measures the decode step; returns (and writes) the figures.
@@ -155,15 +175,23 @@ def run(model: str = "small", batch: int = 16, prompt_len: int = 128, steps: int
     eng = engine.llm.engine
     _prefill(eng, batch, prompt_len, 3 * steps + 8, cfg.vocab_size)
     eng.step()  # one warm decode step
-    times, cpu_times = [], []
-    for _ in range(steps):
-        t0, c0 = time.perf_counter(), time.thread_time()
-        eng.step()
-        times.append(time.perf_counter() - t0)
-        cpu_times.append(time.thread_time() - c0)
-    context = prompt_len + 2 + steps  # mean context over the profiled steps, roughly
-    # one thread: profile in its CPU time too, so the buckets leave out what other jobs take
-    profiled = _profiled(eng, steps, time.thread_time if threads == 1 else None)
+    times, cpu_times = _timed_steps(eng, steps)
+    # The profile splits the step into its kernels only on the Python layers (the decoder
+    # stack runs them all in one call): the same kernels, called one by one.
+    llama = _llama(eng)
+    stack = getattr(llama, "_stack", None) if llama is not None else None
+    stack = stack if stack not in (None, False) else None
+    python_times = None
+    if stack is not None:
+        llama._stack = None
+        python_times, _ = _timed_steps(eng, steps)
+    context = prompt_len + 2 + 2 * steps  # mean context over the profiled steps, roughly
+    try:
+        # one thread: profile in its CPU time too, so the buckets leave out what other jobs take
+        profiled = _profiled(eng, steps, time.thread_time if threads == 1 else None)
+    finally:
+        if stack is not None:
+            llama._stack = stack
     eng.abort_request(list(eng.requests))
     clock = time.thread_time if threads == 1 else time.perf_counter
     bw = read_bandwidth(clock=clock)
@@ -181,6 +209,9 @@ def run(model: str = "small", batch: int = 16, prompt_len: int = 128, steps: int
            "step_ms": {"median": round(1e3 * statistics.median(times), 2),
                        "p10": round(1e3 * q[0], 2), "p90": round(1e3 * q[-1], 2)},
            "step_cpu_ms": round(1e3 * statistics.median(cpu_times), 2),
+           "decoder_stack": stack is not None,
+           "step_ms_python_layers": (round(1e3 * statistics.median(python_times), 2)
+                                     if python_times else None),
            "profiled_ms_per_step": {k: round(v, 3) for k, v in profiled.items()},
            "read_bandwidth_gb_s": round(bw / 1e9, 2),
            "matmul_gflop_s": round(rate / 1e9, 1),
@@ -210,12 +241,15 @@ def markdown(r: dict) -> str:
         f"\"{r['model']}\" {r['dtype']}, {r['batch']} sequences at ~{r['context_tokens']} tokens "
         f"of context, {r['steps']} decode steps; read bandwidth {r['read_bandwidth_gb_s']} GB/s, "
         f"dense matmul {r['matmul_gflop_s']} GFLOP/s",
-        "", "| where | ms per step (cProfile own time) | share | floor (bound) |",
+        "", "| where | ms per step (cProfile own time, Python layers) | share | floor (bound) |",
         "| --- | ---: | ---: | ---: |", *rows,
         f"| **profiled step** | {total:.2f} | | **{r['floor_ms_total']:.2f}** |",
         f"| **step without the profiler** | {s['median']:.2f} (p10 {s['p10']:.2f}, "
         f"p90 {s['p90']:.2f}) | | |",
-        f"| **main-thread CPU time per step** | {r.get('step_cpu_ms', float('nan')):.2f} | | |"])
+        f"| **main-thread CPU time per step** | {r.get('step_cpu_ms', float('nan')):.2f} | | |",
+        *([f"| **step without the profiler, Python layers** (the decoder stack off; the "
+           f"profile's path) | {r['step_ms_python_layers']:.2f} | | |"]
+          if r.get("step_ms_python_layers") is not None else [])])
 
 
 def main() -> None:

@@ -316,3 +316,16 @@ def test_engine_ab_uniform_workload(bench_env, monkeypatch, capsys):
     results = json.loads((bench_env / "engine_ab_pagedllm_decoder_stack_tiny_float32_auto_uniform2.json")
                          .read_text())
     assert results["requests"] == 2 and results["prompt_len"] == 8
+
+
+def test_decode_step_profiles_the_python_layers_beside_the_stack(bench_env, monkeypatch):
+    # The profile's split needs the kernels called one by one: with the decoder stack serving,
+    # the profiled steps run on the Python layers, and their unprofiled time is reported too.
+    from benchmarks import decode_step
+
+    monkeypatch.setattr(decode_step, "read_bandwidth", lambda clock=None: 20e9)
+    monkeypatch.setattr(decode_step, "matmul_rate", lambda dtype, clock=None: 50e9)
+    r = decode_step.run("tiny", batch=2, prompt_len=8, steps=3, threads=1)
+    assert r["profiled_ms_per_step"]["attention kernel"] > 0
+    assert (r["step_ms_python_layers"] is not None) == r["decoder_stack"]
+    assert "Python layers" in decode_step.markdown(r)
