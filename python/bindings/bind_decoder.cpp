@@ -171,12 +171,7 @@ void decoder_stack(const DecoderWeights& w, py::handle out, py::handle x, py::ha
                      "slot_mapping " << slots.describe() << " must be int32 / int64 ["
                                      << p.num_tokens << "]");
   slots.require_inner_contiguous(0);
-  bt.require_cpu();
-  bt.require_ndim(2);
-  PAGEDLLM_CHECK_ARG(bt.dtype() == DType::kInt32, "block_tables must be int32, got "
-                                                      << bt.describe());
-  bt.require_inner_contiguous(1);
-  p.num_seqs = to_i32(bt.size(0), "num_seqs");
+  p.num_seqs = check_block_tables(bt);
   check_index_1d(cl, p.num_seqs);
   check_index_1d(cu, int64_t{p.num_seqs} + 1);
   ws.require_cpu();

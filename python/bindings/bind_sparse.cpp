@@ -116,12 +116,7 @@ void quest_select(py::handle query, py::handle key_min, py::handle key_max,
   p.query_token_stride = q.stride(0);
   p.query_head_stride = q.stride(1);
   p.num_heads = to_i32(q.size(1), "num_heads");
-  bt.require_cpu();
-  bt.require_ndim(2);
-  PAGEDLLM_CHECK_ARG(bt.dtype() == DType::kInt32, "block_tables must be int32, got "
-                                                      << bt.describe());
-  bt.require_inner_contiguous(1);
-  p.num_seqs = to_i32(bt.size(0), "num_seqs");
+  p.num_seqs = check_block_tables(bt);
   PAGEDLLM_CHECK_ARG(q.size(0) == bt.size(0), "query has " << q.size(0) << " rows but block_tables "
                                                            << bt.size(0));
   p.block_tables = static_cast<const int32_t*>(bt.data());

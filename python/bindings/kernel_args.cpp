@@ -179,6 +179,15 @@ k::ReshapeAndCacheParams reshape_and_cache_params(const Tensor& kt, const Tensor
   return p;
 }
 
+int32_t check_block_tables(const Tensor& t, bool on_cpu) {
+  if (on_cpu) t.require_cpu();
+  t.require_ndim(2);
+  PAGEDLLM_CHECK_ARG(t.dtype() == DType::kInt32, "block_tables must be int32, got "
+                                                     << t.describe());
+  t.require_inner_contiguous(1);
+  return to_i32(t.size(0), "num_seqs");
+}
+
 k::AttentionParams attention_params(const Tensor& out, const Tensor& q, const Tensor& kc,
                                     const Tensor& vc, const Tensor& tables, const Tensor& lens,
                                     double scale, const std::string& kv_cache_dtype,
@@ -203,12 +212,7 @@ k::AttentionParams attention_params(const Tensor& out, const Tensor& q, const Te
   p.num_tokens = to_i32(q.size(0), "num_tokens");
   p.num_heads = to_i32(q.size(1), "num_heads");
 
-  if (on_cpu) tables.require_cpu();
-  tables.require_ndim(2);
-  PAGEDLLM_CHECK_ARG(tables.dtype() == DType::kInt32, "block_tables must be int32, got "
-                                                          << tables.describe());
-  tables.require_inner_contiguous(1);
-  p.num_seqs = to_i32(tables.size(0), "num_seqs");
+  p.num_seqs = check_block_tables(tables, on_cpu);
   check_index_1d(lens, p.num_seqs, on_cpu);
   p.block_tables = static_cast<const int32_t*>(tables.data());
   p.block_table_stride = tables.stride(0);

@@ -34,6 +34,9 @@ void check_activation(const Tensor& t, int64_t heads, int64_t head_dim, bool on_
 // Checks a contiguous 1-D int32 array of n elements (n < 0: any length).
 void check_index_1d(const Tensor& t, int64_t n, bool on_cpu = true);
 
+// Checks block tables: int32 [num_seqs, max_blocks_per_seq], rows contiguous; returns num_seqs.
+int32_t check_block_tables(const Tensor& t, bool on_cpu = true);
+
 // reshape_and_cache's params: writable caches (cache_params), key/value
 // [num_tokens, num_kv_heads, head_dim] of one float type, slot_mapping int32/int64 [num_tokens].
 kernels::ReshapeAndCacheParams reshape_and_cache_params(const Tensor& kt, const Tensor& vt,
