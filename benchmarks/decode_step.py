@@ -185,7 +185,8 @@ def run(model: str = "small", batch: int = 16, prompt_len: int = 128, steps: int
     if stack is not None:
         llama._stack = None
         python_times, _ = _timed_steps(eng, steps)
-    context = prompt_len + 2 + 2 * steps  # mean context over the profiled steps, roughly
+    # mean context over the profiled steps, roughly (after the Python-layer steps, if any)
+    context = prompt_len + 2 + steps * (2 if python_times else 1)
     try:
         # one thread: profile in its CPU time too, so the buckets leave out what other jobs take
         profiled = _profiled(eng, steps, time.thread_time if threads == 1 else None)

@@ -5,6 +5,7 @@ input without writing."""
 import pytest
 import torch
 
+from cpu_engines import ENGINES, OPT_IN_ENGINES, restore, use_engine
 from model_fixtures import PagedRunner, blocks_needed, prefill_meta, torch_one_thread  # noqa: F401
 from pagedllm import _core
 from pagedllm.model import load_model, write_random_checkpoint
@@ -56,16 +57,15 @@ def test_stack_matches_the_python_layers_bit_for_bit(tmp_path, pagedllm_linear, 
         assert torch.equal(py_runner.kv.value_cache(layer), st_runner.kv.value_cache(layer))
 
 
-@pytest.mark.parametrize("engine", _core.cpu_engines())
+@pytest.mark.parametrize("engine", ENGINES + OPT_IN_ENGINES)
 def test_every_cpu_engine(tmp_path, pagedllm_linear, engine):
-    before = _core.get_cpu_engine()
-    _core.set_cpu_engine(engine)
+    use_engine(engine)
     try:
         model, config = _load(tmp_path)
         python, _ = _run(model, config, False, chunk_size=24)
         stack, _ = _run(model, config, True, chunk_size=24)
     finally:
-        _core.set_cpu_engine(before)
+        restore()
     for a, b in zip(python.logits, stack.logits):
         assert torch.equal(a, b)
 

@@ -25,8 +25,7 @@ from pagedllm import ops
 from pagedllm.model import packed_linear
 from pagedllm.model.attention import AttentionMetadata, paged_attention
 from pagedllm.model.config import ModelConfig
-from pagedllm.model import decoder_stack
-from pagedllm.model.decoder_stack import DecoderStack
+from pagedllm.model.decoder_stack import DecoderStack, enabled as decoder_stack_enabled
 from pagedllm.model.kv_cache import PagedKVCache
 from pagedllm.model.rope import RotaryEmbedding
 
@@ -272,7 +271,7 @@ class LlamaForCausalLM(nn.Module):
         # The CPU step's layers in one kernel call (decoder_stack.py), built at the first step
         # after the weights are packed; False: not built yet, None: not used (it cannot serve
         # this model, or PAGEDLLM_DECODER_STACK=0 when the model was made or packed).
-        self._stack: Optional[DecoderStack] | bool = False if decoder_stack.enabled() else None
+        self._stack: Optional[DecoderStack] | bool = False if decoder_stack_enabled() else None
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -338,7 +337,7 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is None and self.embed_tokens.pack_tied():
             packed += 1
         # the weights moved: build the decoder stack again at the next step
-        self._stack = False if decoder_stack.enabled() else None
+        self._stack = False if decoder_stack_enabled() else None
         return packed
 
     @torch.inference_mode()
