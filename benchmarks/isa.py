@@ -8,8 +8,9 @@ on a CPU with AVX2 and FMA but no AVX-512:
 - oneDNN (torch's linear layers, pagedllm's where it packs for oneDNN): ONEDNN_MAX_CPU_ISA=AVX2;
 - MKL (torch's float32 matmuls): MKL_ENABLE_INSTRUCTIONS=AVX2;
 - pagedllm: its avx2 attention engine and fused ops (PAGEDLLM_CPU_ENGINE=avx2), and linear
-  layers on oneDNN (PAGEDLLM_LINEAR=onednn), which is what `packed_linear.choose_backend`
-  picks on a CPU without AVX-512;
+  layers on its own AVX2 tiles (PAGEDLLM_LINEAR=pagedllm; `_core.linear` follows the attention
+  engine), which is what `packed_linear.choose_backend` picks on a CPU without AVX-512 (until
+  2026-12-05, twenty-first session, it picked oneDNN there);
 - vLLM's CPU build: its AVX2 kernel library (`vllm/_C_AVX2`) in place of the AVX-512 one
   (peers/vllm_isa.py, on PAGEDLLM_BENCH_ISA).
 
@@ -45,7 +46,7 @@ def isa_env(isa: str) -> Dict[str, str]:
     if isa == "native":
         return {}
     return {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-            "MKL_ENABLE_INSTRUCTIONS": "AVX2", "PAGEDLLM_CPU_ENGINE": "avx2", "PAGEDLLM_LINEAR": "onednn", ISA_ENV: isa}
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2", "PAGEDLLM_CPU_ENGINE": "avx2", "PAGEDLLM_LINEAR": "pagedllm", ISA_ENV: isa}
 
 
 def emulate(isa: str) -> None:
@@ -83,7 +84,7 @@ def check(isa: str) -> Dict[str, str]:
            "pagedllm_linear": str(packed_linear.choose_backend(torch.float32))}
     if isa == "avx2":
         want = {"torch_cpu_capability": "AVX2", "pagedllm_cpu_engine": "avx2",
-                "pagedllm_linear": "onednn"}
+                "pagedllm_linear": "pagedllm"}
         wrong = {k: v for k, v in got.items() if v != want[k]}
         if wrong:
             raise RuntimeError(f"the AVX2 emulation did not take: {wrong}, expected {want}")

@@ -44,7 +44,7 @@ def test_the_variables_of_each_isa():
     env = isa.isa_env("avx2")
     assert env == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
                    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-                   "PAGEDLLM_CPU_ENGINE": "avx2", "PAGEDLLM_LINEAR": "onednn",
+                   "PAGEDLLM_CPU_ENGINE": "avx2", "PAGEDLLM_LINEAR": "pagedllm",
                    "PAGEDLLM_BENCH_ISA": "avx2"}
     with pytest.raises(ValueError, match=r"unknown instruction set 'avx9'.*native, avx2"):
         isa.isa_env("avx9")
@@ -68,7 +68,7 @@ def test_emulate_re_executes_with_the_variables_and_check_sees_avx2():
     assert out.returncode == 0, out.stderr
     assert "argv ['one', 'two']" in out.stdout
     assert ("check {'torch_cpu_capability': 'AVX2', 'pagedllm_cpu_engine': 'avx2', "
-            "'pagedllm_linear': 'onednn'}") in out.stdout
+            "'pagedllm_linear': 'pagedllm'}") in out.stdout
     assert f"env {sorted(isa.isa_env('avx2'))}" in out.stdout
 
 

@@ -126,10 +126,15 @@ def test_pagedllm_rejects_mismatched_inputs():
 
 def test_choose_backend(monkeypatch):
     monkeypatch.delenv(packed_linear.BACKEND_ENV, raising=False)
+    engines, features = _core.cpu_engines(), _core.build_info()["cpu_features"]
     for dtype in (torch.float32, torch.bfloat16):
-        want = "pagedllm" if packed_linear.pagedllm_vectorised(dtype) and \
-            "amx_bf16" not in _core.build_info()["cpu_features"] else \
-            ("onednn" if packed_linear.onednn_available() else None)
+        if "amx_bf16" in features:
+            own = False
+        elif "avx512" in engines:  # AVX-512: float32 always, bfloat16 with AVX512_BF16
+            own = dtype == torch.float32 or "avx512_bf16" in engines
+        else:  # AVX2-only: both dtypes on the AVX2 tiles
+            own = "avx2" in engines
+        want = "pagedllm" if own else ("onednn" if packed_linear.onednn_available(dtype) else None)
         assert packed_linear.choose_backend(dtype) == want
     monkeypatch.setenv(packed_linear.BACKEND_ENV, "pagedllm")
     assert packed_linear.choose_backend(torch.float32) == "pagedllm"
@@ -137,6 +142,66 @@ def test_choose_backend(monkeypatch):
     monkeypatch.setenv(packed_linear.BACKEND_ENV, "cublas")
     with pytest.raises(ValueError, match="PAGEDLLM_LINEAR='cublas': expected auto"):
         packed_linear.choose_backend(torch.float32)
+
+
+class _FakeCore:
+    """What choose_backend reads of pagedllm._core, for a CPU this machine is not."""
+
+    def __init__(self, engines, features):
+        self.engines, self.features = engines, features
+
+    def cpu_engines(self):
+        return list(self.engines)
+
+    def build_info(self):
+        return {"cpu_kernels_compiled": ["generic", "avx2", "avx512", "avx512_bf16"],
+                "cpu_features": list(self.features)}
+
+
+ZEN4 = (("avx512_bf16", "avx512", "avx2", "generic"), ("avx2", "fma", "avx512f", "avx512bf16"))
+CASCADE_LAKE = (("avx512", "avx2", "generic"), ("avx2", "fma", "avx512f"))
+SAPPHIRE_RAPIDS = (("avx512_bf16", "avx512", "avx2", "generic"),
+                   ("avx2", "fma", "avx512f", "avx512bf16", "amx_bf16"))
+ZEN3 = (("avx2", "generic"), ("avx2", "fma"))
+OLD_X86 = (("generic",), ())
+
+
+@pytest.mark.parametrize("cpu,onednn,want_f32,want_bf16", [
+    (ZEN4, (True, True), "pagedllm", "pagedllm"),
+    (CASCADE_LAKE, (True, True), "pagedllm", "onednn"),  # bf16 without AVX512_BF16: oneDNN's
+    (SAPPHIRE_RAPIDS, (True, True), "onednn", "onednn"),  # AMX: oneDNN's matrix-unit GEMMs
+    (ZEN3, (True, False), "pagedllm", "pagedllm"),  # AVX2-only: oneDNN has no bf16 GEMM there
+    (OLD_X86, (True, False), "onednn", None),  # no vector tiles: oneDNN where it runs
+], ids=["zen4", "cascade_lake", "sapphire_rapids", "zen3_avx2", "no_avx2"])
+def test_choose_backend_by_cpu(monkeypatch, cpu, onednn, want_f32, want_bf16):
+    monkeypatch.delenv(packed_linear.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(packed_linear, "_CORE", _FakeCore(*cpu))
+    runs = {torch.float32: onednn[0], torch.bfloat16: onednn[1]}
+    monkeypatch.setattr(packed_linear, "onednn_available", lambda dtype=torch.float32: runs[dtype])
+    for cached in (packed_linear.pagedllm_vectorised, packed_linear._has_amx):
+        cached.cache_clear()
+    try:
+        assert packed_linear.choose_backend(torch.float32) == want_f32
+        assert packed_linear.choose_backend(torch.bfloat16) == want_bf16
+        if not onednn[1]:
+            monkeypatch.setenv(packed_linear.BACKEND_ENV, "onednn")
+            with pytest.raises(ValueError, match="no prepacked oneDNN linear for bfloat16"):
+                packed_linear.choose_backend(torch.bfloat16)
+    finally:
+        monkeypatch.undo()
+        for cached in (packed_linear.pagedllm_vectorised, packed_linear._has_amx):
+            cached.cache_clear()
+
+
+def test_onednn_available_checks_each_dtype():
+    if not packed_linear.onednn_available():
+        pytest.skip("torch built without oneDNN")
+    for dtype in (torch.float32, torch.bfloat16):
+        ok = packed_linear.onednn_available(dtype)
+        if ok:  # it said yes: packing and multiplying in that dtype works
+            w = torch.randn(32, 64).to(dtype)
+            packed_linear.linear(torch.randn(2, 64).to(dtype), packed_linear.pack(w, "onednn"), None)
+    assert not packed_linear.onednn_available(torch.float16)
 
 
 def test_row_buckets_are_few_and_tight():

@@ -16,9 +16,12 @@ pack a weight once instead:
   weight prepacking) and vLLM's CPU build do.
 
 `choose_backend` picks "pagedllm" on CPUs with AVX-512 (and AVX512_BF16 for bfloat16) that lack
-AMX, where oneDNN's bfloat16 GEMMs run on the matrix units instead (not measured here);
-"onednn" elsewhere (on AVX2-only CPUs the two measured alike). The environment variable
-PAGEDLLM_LINEAR=pagedllm|onednn|auto overrides it.
+AMX, where oneDNN's bfloat16 GEMMs run on the matrix units instead (not measured here), and on
+AVX2-only CPUs for both dtypes: there the two GEMMs measured alike on their own, but only
+"pagedllm" lets the decoder stack (decoder_stack.py) run a step's layers in one call (1.03-2.7x
+end to end, emulated AVX2, docs/BENCHMARKS.md), and oneDNN has no bfloat16 GEMM without
+AVX-512 or AVX-NE-CONVERT at all. "onednn" elsewhere (AVX-512 without AVX512_BF16 for
+bfloat16, AMX). The environment variable PAGEDLLM_LINEAR=pagedllm|onednn|auto overrides it.
 
 The packed weight replaces the strided one (no second copy), so code that reads `Linear.weight`
 after packing gets None. Results differ from `F.linear` only in summation order (about 1e-6
@@ -99,10 +102,17 @@ def padded_rows(n: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def onednn_available() -> bool:
-    """True when this torch build has oneDNN and the prepacked linear ops, and they agree with
-    F.linear on a small product (checked once per process)."""
-    if not torch.backends.mkldnn.is_available():
+def onednn_available(dtype: torch.dtype = torch.float32) -> bool:
+    """True when this torch build has oneDNN and the prepacked linear ops, and they run and agree
+    with F.linear on a small product of `dtype` (checked once per process and dtype).
+
+    Args:
+        dtype: float32 or bfloat16 (oneDNN's bfloat16 path needs AVX-512 BW/VL/DQ or
+            AVX-NE-CONVERT: an AVX2-only CPU has none).
+    Returns:
+        Whether `pack(w, "onednn")` and `linear` work for weights of `dtype` here.
+    """
+    if dtype not in PACKABLE_DTYPES or not torch.backends.mkldnn.is_available():
         return False
     ops = torch.ops.mkldnn
     if not (hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")):
@@ -112,10 +122,12 @@ def onednn_available() -> bool:
         w = torch.randn(24, 40, generator=g)
         x = torch.randn(3, 40, generator=g)
         b = torch.randn(24, generator=g)
-        y = linear(x, pack(w, "onednn"), b)
+        y = linear(x.to(dtype), pack(w.to(dtype), "onednn"), b.to(dtype)).float()
     except RuntimeError:
         return False
-    return bool(torch.allclose(y, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-5))
+    want = torch.nn.functional.linear(x.to(dtype), w.to(dtype), b.to(dtype)).float()
+    tol = (1e-4, 1e-5) if dtype == torch.float32 else (2e-2, 2e-2)
+    return bool(torch.allclose(y, want, rtol=tol[0], atol=tol[1]))
 
 
 _CORE = None
@@ -131,20 +143,24 @@ def _core_module():
 
 @functools.lru_cache(maxsize=None)
 def pagedllm_vectorised(dtype: torch.dtype) -> bool:
-    """True when `_core.linear` has vector tiles for dtype on this CPU (AVX-512F for float32,
-    AVX512_BF16 for bfloat16), whatever CPU engine is selected at the moment."""
+    """True when `_core.linear` has the vector tiles `choose_backend` prefers for dtype on this
+    CPU, whatever CPU engine is selected at the moment: AVX-512F for float32 and AVX512_BF16 for
+    bfloat16 on AVX-512 CPUs; the AVX2 + FMA tiles, both dtypes, on CPUs without AVX-512.
+    (bfloat16 on AVX-512 without AVX512_BF16 would run the AVX2 tiles: False, oneDNN's
+    AVX-512 bfloat16 GEMM is not measured against them.)"""
+    if dtype not in PACKABLE_DTYPES:
+        return False
     try:
         core = _core_module()
     except ImportError:
         return False
-    info = core.build_info()
-    avx512 = "avx512" in core.cpu_engines()  # compiled in, and this CPU runs it
+    engines = core.cpu_engines()  # compiled in, and this CPU runs them
+    if "avx512" not in engines:
+        return "avx2" in engines
     if dtype == torch.float32:
-        return avx512
-    if dtype == torch.bfloat16:
-        return (avx512 and "avx512_bf16" in info["cpu_kernels_compiled"]
-                and "avx512bf16" in info["cpu_features"])
-    return False
+        return True
+    info = core.build_info()
+    return "avx512_bf16" in info["cpu_kernels_compiled"] and "avx512bf16" in info["cpu_features"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -174,15 +190,17 @@ def choose_backend(dtype: torch.dtype) -> Optional[str]:
     Args:
         dtype: float32 or bfloat16.
     Returns:
-        "pagedllm" where its vector tiles run and the CPU has no AMX (or PAGEDLLM_LINEAR says
-        so), else "onednn" where torch has it, else None (weights stay strided).
+        "pagedllm" where `pagedllm_vectorised(dtype)` and the CPU has no AMX (or
+        PAGEDLLM_LINEAR says so), else "onednn" where oneDNN runs dtype here, else None
+        (weights stay strided).
     Raises:
         ValueError: PAGEDLLM_LINEAR holds something other than auto, pagedllm or onednn, or
             names a backend this process cannot run.
     """
     choice = _env_choice()
-    if choice == "onednn" and not onednn_available():
-        raise ValueError(f"{BACKEND_ENV}=onednn: this torch build has no prepacked oneDNN linear")
+    if choice == "onednn" and not onednn_available(dtype):
+        raise ValueError(f"{BACKEND_ENV}=onednn: this torch build or CPU has no prepacked oneDNN "
+                         f"linear for {_DTYPE_NAMES.get(dtype, dtype)} weights")
     if choice == "pagedllm":
         _core_module()  # raises ImportError without the extension
         return choice
@@ -190,7 +208,7 @@ def choose_backend(dtype: torch.dtype) -> Optional[str]:
         return choice
     if dtype in PACKABLE_DTYPES and pagedllm_vectorised(dtype) and not _has_amx():
         return "pagedllm"
-    return "onednn" if onednn_available() else None
+    return "onednn" if onednn_available(dtype) else None
 
 
 def available(dtype: torch.dtype = torch.float32) -> bool:
