@@ -128,7 +128,7 @@ def test_choose_backend(monkeypatch):
     monkeypatch.delenv(packed_linear.BACKEND_ENV, raising=False)
     engines, features = _core.cpu_engines(), _core.build_info()["cpu_features"]
     for dtype in (torch.float32, torch.bfloat16):
-        if "amx_bf16" in features:
+        if "amx_bf16" in features and dtype == torch.bfloat16:  # oneDNN's AMX GEMMs
             own = False
         elif "avx512" in engines:  # AVX-512: float32 always, bfloat16 with AVX512_BF16
             own = dtype == torch.float32 or "avx512_bf16" in engines
@@ -169,7 +169,7 @@ OLD_X86 = (("generic",), ())
 @pytest.mark.parametrize("cpu,onednn,want_f32,want_bf16", [
     (ZEN4, (True, True), "pagedllm", "pagedllm"),
     (CASCADE_LAKE, (True, True), "pagedllm", "onednn"),  # bf16 without AVX512_BF16: oneDNN's
-    (SAPPHIRE_RAPIDS, (True, True), "onednn", "onednn"),  # AMX: oneDNN's matrix-unit GEMMs
+    (SAPPHIRE_RAPIDS, (True, True), "pagedllm", "onednn"),  # AMX: oneDNN's bf16 GEMMs on it
     (ZEN3, (True, False), "pagedllm", "pagedllm"),  # AVX2-only: oneDNN has no bf16 GEMM there
     (OLD_X86, (True, False), "onednn", None),  # no vector tiles: oneDNN where it runs
 ], ids=["zen4", "cascade_lake", "sapphire_rapids", "zen3_avx2", "no_avx2"])

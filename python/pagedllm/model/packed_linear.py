@@ -15,13 +15,14 @@ pack a weight once instead:
   (`torch.ops.mkldnn._linear_pointwise`), as torch.compile's CPU backend (Inductor's mkldnn
   weight prepacking) and vLLM's CPU build do.
 
-`choose_backend` picks "pagedllm" on CPUs with AVX-512 (and AVX512_BF16 for bfloat16) that lack
-AMX, where oneDNN's bfloat16 GEMMs run on the matrix units instead (not measured here), and on
-AVX2-only CPUs for both dtypes: there the two GEMMs measured alike on their own, but only
+`choose_backend` picks "pagedllm" for float32 on CPUs with AVX-512, for bfloat16 on CPUs with
+AVX512_BF16 that lack AMX (with AMX oneDNN's bfloat16 GEMMs run on the matrix units; float32
+ones run the same AVX-512 FMAs as pagedllm's tiles, so AMX does not change the float32 choice),
+and for both dtypes on AVX2-only CPUs: there the two GEMMs measured alike on their own, but only
 "pagedllm" lets the decoder stack (decoder_stack.py) run a step's layers in one call (1.03-2.7x
 end to end, emulated AVX2, docs/BENCHMARKS.md), and oneDNN has no bfloat16 GEMM without
-AVX-512 or AVX-NE-CONVERT at all. "onednn" elsewhere (AVX-512 without AVX512_BF16 for
-bfloat16, AMX). The environment variable PAGEDLLM_LINEAR=pagedllm|onednn|auto overrides it.
+AVX-512 or AVX-NE-CONVERT at all. "onednn" elsewhere (bfloat16 on AVX-512 without AVX512_BF16
+or with AMX). The environment variable PAGEDLLM_LINEAR=pagedllm|onednn|auto overrides it.
 
 The packed weight replaces the strided one (no second copy), so code that reads `Linear.weight`
 after packing gets None. Results differ from `F.linear` only in summation order (about 1e-6
@@ -190,9 +191,9 @@ def choose_backend(dtype: torch.dtype) -> Optional[str]:
     Args:
         dtype: float32 or bfloat16.
     Returns:
-        "pagedllm" where `pagedllm_vectorised(dtype)` and the CPU has no AMX (or
-        PAGEDLLM_LINEAR says so), else "onednn" where oneDNN runs dtype here, else None
-        (weights stay strided).
+        "pagedllm" where `pagedllm_vectorised(dtype)`, unless dtype is bfloat16 and the CPU
+        has AMX (or PAGEDLLM_LINEAR says so), else "onednn" where oneDNN runs dtype here, else
+        None (weights stay strided).
     Raises:
         ValueError: PAGEDLLM_LINEAR holds something other than auto, pagedllm or onednn, or
             names a backend this process cannot run.
@@ -206,7 +207,7 @@ def choose_backend(dtype: torch.dtype) -> Optional[str]:
         return choice
     if choice == "onednn":
         return choice
-    if dtype in PACKABLE_DTYPES and pagedllm_vectorised(dtype) and not _has_amx():
+    if pagedllm_vectorised(dtype) and not (dtype == torch.bfloat16 and _has_amx()):
         return "pagedllm"
     return "onednn" if onednn_available(dtype) else None
 
