@@ -81,8 +81,23 @@ def wait_until_quiet(threshold: float = 0.1, window_s: float = 0.25, max_wait_s:
     return time.perf_counter() - t0
 
 
+# Environment variables that change what a run executes (instruction sets, kernel and backend
+# choices, threads); machine_info records those that are set.
+RUN_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+           "OMP_NUM_THREADS", "OMP_WAIT_POLICY")
+
+
+def run_environment() -> dict:
+    """The RUN_ENV and PAGEDLLM_* variables of this process that are set, by name (not those
+    that only say where files go)."""
+    places = (RESULTS_DIR_ENV, CHECKPOINT_CACHE_ENV)
+    return {k: v for k, v in sorted(os.environ.items())
+            if k in RUN_ENV or (k.startswith("PAGEDLLM_") and k not in places)}
+
+
 def machine_info() -> dict:
-    """Facts that make a figure comparable: CPU, cores, versions, date."""
+    """Facts that make a figure comparable: CPU, cores, versions, date, and the environment
+    variables that change what runs (`run_environment`, when any is set)."""
     cpu = platform.processor() or ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -99,6 +114,9 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
+    env = run_environment()
+    if env:
+        info["environment"] = env
     try:
         import pagedllm
 

@@ -40,6 +40,17 @@ def bench_env(tmp_path, monkeypatch):
     return tmp_path / "results"
 
 
+def test_machine_info_records_what_changes_the_run(bench_env, monkeypatch):
+    for k in [k for k in os.environ if k in common.RUN_ENV or k.startswith("PAGEDLLM_")]:
+        if k not in (common.RESULTS_DIR_ENV, common.CHECKPOINT_CACHE_ENV):
+            monkeypatch.delenv(k)
+    assert "environment" not in common.machine_info()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("PAGEDLLM_LINEAR", "pagedllm")
+    assert common.machine_info()["environment"] == {"ONEDNN_MAX_CPU_ISA": "AVX2",
+                                                    "PAGEDLLM_LINEAR": "pagedllm"}
+
+
 def test_seed_rule_values():
     assert seed_rule(100) == 16   # 2^ceil(log2 10) = 16
     assert seed_rule(192) == 32   # 19.2 -> 32
