@@ -1,6 +1,6 @@
 // The kernel thread pool. Two runtimes behind one parallel_for:
-// - the built-in pool: workers wait on a condition variable for a job generation, then take
-//   indices from a shared atomic counter until none are left;
+// - the built-in pool: workers spin briefly, then wait on a condition variable, for the next job
+//   generation, then take indices from a shared atomic counter until none are left;
 // - an OpenMP runtime already loaded in the process (adopt_loaded_openmp): the same index loop
 //   runs on that runtime's team through its GOMP_parallel entry point (the one the compiler
 //   emits for `#pragma omp parallel`), found with dlopen(RTLD_NOLOAD) + dlsym, so this library
@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -54,6 +55,24 @@ struct Job {
   }
 };
 
+// Busy-waits one short step (a pause hint where the CPU has one).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// How long a worker (or the caller, for the workers' last indices) spins on the next job before
+// it sleeps on the condition variable. Kernel calls come in bursts (a decode step's layers call
+// parallel_for back to back, microseconds apart); waking a sleeping thread through the futex
+// costs 10-30 us on the machines measured (docs/BENCHMARKS.md, twenty-first session), more than
+// a small GEMV. Short enough that an idle pool gives its cores back almost at once.
+constexpr auto kSpin = std::chrono::microseconds(100);
+
 class ThreadPool {
  public:
   explicit ThreadPool(int num_threads) : size_(num_threads) {
@@ -64,7 +83,7 @@ class ThreadPool {
   ~ThreadPool() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+      stop_.store(true, std::memory_order_release);
     }
     cv_work_.notify_all();
     for (auto& t : workers_) t.join();
@@ -74,38 +93,60 @@ class ThreadPool {
 
   // Runs the job on all threads; the caller is worker 0.
   void run(Job* job) {
+    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    job_.store(job, std::memory_order_relaxed);
+    bool wake;
     {
+      // Under the lock, so that a worker about to sleep sees the new generation in its wait's
+      // predicate, or is counted in sleepers_ and notified.
       std::lock_guard<std::mutex> lock(mu_);
-      job_ = job;
-      pending_ = static_cast<int>(workers_.size());
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
+      wake = sleepers_ > 0;
     }
-    cv_work_.notify_all();
+    if (wake) cv_work_.notify_all();
     job->drain(0);
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_done_.wait(lock, [this] { return pending_ == 0; });
-    job_ = nullptr;
+    // The workers are on their last indices: spin briefly, then sleep until the last one is done.
+    if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
+    job_.store(nullptr, std::memory_order_relaxed);
   }
 
  private:
+  // Spins until done() or kSpin has passed; returns done().
+  template <typename Done>
+  static bool spin_until(Done done) {
+    if (done()) return true;
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    for (int i = 1;; ++i) {
+      cpu_relax();
+      if (done()) return true;
+      if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return done();
+    }
+  }
+
   void worker_loop(int worker) {
     uint64_t seen = 0;
     for (;;) {
-      Job* job;
-      {
+      const auto fresh = [&] {
+        return stop_.load(std::memory_order_acquire) ||
+               generation_.load(std::memory_order_acquire) != seen;
+      };
+      if (!spin_until(fresh)) {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_work_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        job = job_;
+        ++sleepers_;
+        cv_work_.wait(lock, fresh);
+        --sleepers_;
       }
-      job->drain(worker);
-      bool last;
-      {
+      if (stop_.load(std::memory_order_acquire)) return;
+      seen = generation_.load(std::memory_order_acquire);
+      job_.load(std::memory_order_relaxed)->drain(worker);
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        // The caller may have gone to sleep: the lock orders this notify after its wait began.
         std::lock_guard<std::mutex> lock(mu_);
-        last = --pending_ == 0;
+        cv_done_.notify_one();
       }
-      if (last) cv_done_.notify_one();
     }
   }
 
@@ -114,10 +155,11 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable cv_work_;
   std::condition_variable cv_done_;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-  int pending_ = 0;
-  Job* job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};  // bumped per job (under mu_)
+  std::atomic<bool> stop_{false};
+  std::atomic<int> pending_{0};          // workers still in the current job
+  std::atomic<Job*> job_{nullptr};       // published before generation_'s release
+  int sleepers_ = 0;                     // workers waiting on cv_work_ (under mu_)
 };
 
 // An OpenMP runtime's entry points (libgomp's ABI; Intel's and LLVM's runtimes export it too).
