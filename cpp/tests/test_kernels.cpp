@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu_engine_test.h"
@@ -337,6 +339,39 @@ TEST(KernelThreadPool, EveryIndexOnceAndErrorsRethrown) {
   pk::parallel_for(4, [&](int64_t, int) { pk::parallel_for(3, [&](int64_t, int) { ++inner; }); });
   EXPECT_EQ(inner.load(), 12);
   EXPECT_THROW(pk::set_num_threads(0), pagedllm::Error);
+}
+
+// The built-in pool's workers spin on the next job for a while, then sleep: calls back to back
+// (spinning workers), after pauses longer than the spin (sleeping workers woken), and jobs whose
+// last indices outlast the spin (the caller sleeps until the workers finish) all run every
+// index once, with every worker taking part.
+TEST(KernelThreadPool, SpinningAndSleepingWorkersRunEveryJob) {
+  const int old_threads = pk::get_num_threads();
+  const bool was_openmp = pk::parallel_runtime() != "builtin";
+  pk::use_builtin_pool();
+  pk::set_num_threads(3);
+  std::vector<std::atomic<int>> hits(257);
+  int64_t expected = 0;
+  for (int round = 0; round < 60; ++round) {
+    if (round % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // > spin
+    const bool slow = round % 20 == 5;  // one index that outlasts the caller's spin
+    pk::parallel_for(257, [&](int64_t i, int) {
+      if (slow && i == 256) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      hits[static_cast<size_t>(i)].fetch_add(1);
+    });
+    ++expected;
+    for (auto& h : hits) ASSERT_EQ(h.load(), expected) << "round " << round;
+  }
+  std::vector<std::atomic<int>> by_worker(3);
+  for (int round = 0; round < 20; ++round) {
+    pk::parallel_for(64, [&](int64_t, int w) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));  // every worker gets some
+      by_worker[static_cast<size_t>(w)].fetch_add(1);
+    });
+  }
+  for (auto& w : by_worker) EXPECT_GT(w.load(), 0);
+  pk::set_num_threads(old_threads);
+  if (was_openmp) pk::adopt_loaded_openmp();
 }
 
 TEST(KernelRMSNorm, MatchesDoubleReferenceInPlaceAndAcrossTasks) {
