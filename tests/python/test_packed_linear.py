@@ -200,7 +200,8 @@ def test_onednn_available_checks_each_dtype():
         ok = packed_linear.onednn_available(dtype)
         if ok:  # it said yes: packing and multiplying in that dtype works
             w = torch.randn(32, 64).to(dtype)
-            packed_linear.linear(torch.randn(2, 64).to(dtype), packed_linear.pack(w, "onednn"), None)
+            x = torch.randn(2, 64).to(dtype)
+            packed_linear.linear(x, packed_linear.pack(w, "onednn"), None)
     assert not packed_linear.onednn_available(torch.float16)
 
 

@@ -1,12 +1,12 @@
 // linear.h's tiles on AVX2 + FMA (8-lane vectors): a register tile is up to 6 rows x 1 panel,
 // or 1-3 rows x 2-4 panels (a panel's 16 columns are two vectors; at most 12 accumulators,
 // within the 16 ymm registers). float32: per depth step the tile's weight vectors are loaded
-// once and each row's x element is broadcast into 2 FMAs per panel. bfloat16: a 32-byte load holds 8 columns' K-pair (lane = k1 << 16 | k0),
-// so a mask gives k1's float32 and a shift k0's, exactly; each product goes through an FMA into
-// float32 sums (no AVX512_BF16 here), the output rounded once to bfloat16 (round to nearest
-// even, NaN kept quiet). Compiled with -mavx2 -mfma and only called after the run-time CPU
-// check (linear.cpp follows the engine choice). No header with inline code other than the
-// intrinsics and linear_impl.h's static helpers.
+// once and each row's x element is broadcast into 2 FMAs per panel. bfloat16: a 32-byte load
+// holds 8 columns' K-pair (lane = k1 << 16 | k0), so a mask gives k1's float32 and a shift k0's,
+// exactly; each product goes through an FMA into float32 sums (no AVX512_BF16 here), the
+// output rounded once to bfloat16 (round to nearest even, NaN kept quiet). Compiled with -mavx2
+// -mfma and only called after the run-time CPU check (linear.cpp follows the engine choice). No
+// header with inline code other than the intrinsics and linear_impl.h's static helpers.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -16,7 +16,6 @@
 
 namespace pagedllm::kernels {
 namespace {
-
 
 inline __m256 bf16x8_to_f32(__m128i bits) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
@@ -138,7 +137,8 @@ void tile_bf16(const LinearParams& p, int64_t row0, int64_t panel0) {
       const __m256 x1 = _mm256_castsi256_ps(_mm256_and_si256(pair, hi_mask));
       for (int j = 0; j < NP; ++j) {
         acc[m][2 * j] = _mm256_fmadd_ps(x1, a1[j], _mm256_fmadd_ps(x0, a0[j], acc[m][2 * j]));
-        acc[m][2 * j + 1] = _mm256_fmadd_ps(x1, b1[j], _mm256_fmadd_ps(x0, b0[j], acc[m][2 * j + 1]));
+        acc[m][2 * j + 1] =
+            _mm256_fmadd_ps(x1, b1[j], _mm256_fmadd_ps(x0, b0[j], acc[m][2 * j + 1]));
       }
     }
   }
