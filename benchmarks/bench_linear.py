@@ -11,7 +11,9 @@ of --rounds rounds; the weight bytes per second are reported next to the machine
 bandwidth measured in the same run (`_core.stream_read_sum`, 2 x 1 GiB passes).
 
 Usage: PYTHONPATH=.:python python -m benchmarks.bench_linear [--rows 1,16,64,512] [--rounds 5]
-Writes benchmarks/results/linear.json (or --out) and prints a table.
+       ... --isa avx2 --dtypes float32   (an AVX2-only CPU, emulated: oneDNN has no bf16 GEMM there)
+Writes benchmarks/results/linear.json (linear_<isa>.json when emulated; or --out) and prints a
+table.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Dict, List
 
 import torch
 
+from benchmarks import isa
 from benchmarks.common import machine_info
 from pagedllm import _core, threads
 from pagedllm.model import packed_linear
@@ -92,8 +95,16 @@ def main() -> None:
     ap.add_argument("--bytes", type=float, default=96e6,
                     help="weight bytes cycled per shape (above the last-level cache)")
     ap.add_argument("--threads", type=int, default=None, help="default: every CPU")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "linear.json"))
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/linear.json, "
+                    "linear_<isa>.json under an emulated instruction set")
+    ap.add_argument("--isa", default="native", choices=isa.ISAS,
+                    help="instruction set both backends are held to (benchmarks/isa.py)")
     args = ap.parse_args()
+    isa.emulate(args.isa)  # re-executes this command under the ISA's variables where needed
+    isa_check = isa.check(args.isa)
+    if args.out is None:
+        stem = "linear" if args.isa == "native" else f"linear_{args.isa}"
+        args.out = str(Path(__file__).parent / "results" / f"{stem}.json")
     if not packed_linear.onednn_available():
         raise SystemExit("torch built without oneDNN: nothing to compare against")
     threads.set_num_threads(args.threads)
@@ -116,7 +127,8 @@ def main() -> None:
                           f"{r['pagedllm_ms']:11.3f} {r['onednn_ms']:10.3f} {r['speedup']:6.2f}x "
                           f"{r['pagedllm_weight_gbs']:6.1f}/{r['onednn_weight_gbs']:5.1f}",
                           flush=True)
-    payload = dict(benchmark="linear", machine=machine_info(), read_bandwidth_gbs=bandwidth,
+    payload = dict(benchmark="linear", machine=machine_info(), isa=isa_check,
+                   read_bandwidth_gbs=bandwidth,
                    threads=torch.get_num_threads(), rounds=args.rounds, rows=rows,
                    results=results)
     out = Path(args.out)

@@ -15,7 +15,9 @@ Usage: PYTHONPATH=.:python python -m benchmarks.engine_ab --vary PAGEDLLM_HUGE_P
        ... --vary block_size=16,64
        ... --vary cpu_engine=avx512,auto --dtype bfloat16 --kv-cache-dtype fp8
        ... --vary PAGEDLLM_DECODER_STACK=0,1 --workload uniform --requests 1
-Prints each round and the summary; writes benchmarks/results/engine_ab_<name>.json.
+       ... --vary PAGEDLLM_LINEAR=onednn,pagedllm --isa avx2   (an AVX2-only CPU, emulated)
+Prints each round and the summary; writes benchmarks/results/engine_ab_<name>.json (an emulated
+instruction set adds _<isa> to the name, so that it never replaces a native run's file).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import statistics
 import time
 
+from benchmarks import isa
 from benchmarks.bench_throughput import ThroughputConfig
 from benchmarks.common import checkpoint, wait_until_quiet, write_results
 from benchmarks.engines import PagedEngine
@@ -61,6 +64,17 @@ def build(name: str, value: str, model: str, dtype: str, kv_cache_dtype: str) ->
             os.environ[name] = old
 
 
+def results_tag(name: str, args: argparse.Namespace) -> str:
+    """The results file's name after engine_ab_: what varies, the model, dtypes and workload,
+    and the instruction set when it is not the native one."""
+    tag = f"{name.lower()}_{args.model}_{args.dtype}_{args.kv_cache_dtype}_{args.workload}"
+    if args.workload == "uniform":
+        tag += f"{args.requests}"
+    if args.isa != "native":
+        tag += f"_{args.isa}"
+    return tag
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vary", required=True)
@@ -75,7 +89,11 @@ def main(argv=None) -> None:
                     help="long / uniform workloads: tokens out")
     ap.add_argument("--max-prompt", type=int, default=4032, help="long workload: longest prompt")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--isa", default="native", choices=isa.ISAS,
+                    help="instruction set every engine is held to (benchmarks/isa.py)")
     args = ap.parse_args(argv)
+    isa.emulate(args.isa)  # re-executes this command under the ISA's variables where needed
+    isa_check = isa.check(args.isa)
     name, values = parse_vary(args.vary)
     from pagedllm.model.checkpoint import random_config
 
@@ -118,11 +136,9 @@ def main(argv=None) -> None:
     for v in values:
         print(f"{name}={v}: median {summary[v]['median_s']:.3f} s, "
               f"{summary[v]['speedup_vs_first']:.3f}x {name}={base} (median of round ratios)")
-    tag = f"{name.lower()}_{args.model}_{args.dtype}_{args.kv_cache_dtype}_{args.workload}"
-    if args.workload == "uniform":
-        tag += f"{args.requests}"
-    write_results(f"engine_ab_{tag}", {
+    write_results(f"engine_ab_{results_tag(name, args)}", {
         "vary": name, "values": values, "model": args.model, "dtype": args.dtype,
+        "isa": isa_check,
         "kv_cache_dtype": args.kv_cache_dtype,
         "workload": args.workload, "requests": len(reqs), "prompt_len": args.prompt_len,
         "output_len": args.output_len,

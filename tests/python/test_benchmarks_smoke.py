@@ -327,6 +327,24 @@ def test_engine_ab_uniform_workload(bench_env, monkeypatch, capsys):
     results = json.loads((bench_env / "engine_ab_pagedllm_decoder_stack_tiny_float32_auto_uniform2.json")
                          .read_text())
     assert results["requests"] == 2 and results["prompt_len"] == 8
+    from pagedllm import _core
+
+    assert results["isa"]["pagedllm_cpu_engine"] == _core.get_cpu_engine()
+
+
+def test_engine_ab_names_emulated_runs_apart():
+    # An emulated instruction set must never write over a native run's results file.
+    import argparse
+
+    from benchmarks import engine_ab
+
+    args = argparse.Namespace(model="small", dtype="float32", kv_cache_dtype="auto",
+                              workload="uniform", requests=16, isa="native")
+    assert engine_ab.results_tag("PAGEDLLM_LINEAR", args) == \
+        "pagedllm_linear_small_float32_auto_uniform16"
+    args.isa = "avx2"
+    assert engine_ab.results_tag("PAGEDLLM_LINEAR", args) == \
+        "pagedllm_linear_small_float32_auto_uniform16_avx2"
 
 
 def test_decode_step_profiles_the_python_layers_beside_the_stack(bench_env, monkeypatch):
