@@ -197,11 +197,14 @@ def test_onednn_available_checks_each_dtype():
     if not packed_linear.onednn_available():
         pytest.skip("torch built without oneDNN")
     for dtype in (torch.float32, torch.bfloat16):
-        ok = packed_linear.onednn_available(dtype)
-        if ok:  # it said yes: packing and multiplying in that dtype works
-            w = torch.randn(32, 64).to(dtype)
-            x = torch.randn(2, 64).to(dtype)
-            packed_linear.linear(x, packed_linear.pack(w, "onednn"), None)
+        w = torch.randn(32, 64).to(dtype)
+        x = torch.randn(2, 64).to(dtype)
+        if packed_linear.onednn_available(dtype):  # yes: that dtype packs and multiplies right
+            y = packed_linear.linear(x, packed_linear.pack(w, "onednn"), None)
+            assert torch.allclose(y.float(), F.linear(x, w).float(), rtol=2e-2, atol=2e-2)
+        else:  # no (bf16 on an AVX2-only CPU): packing for oneDNN fails there
+            with pytest.raises(RuntimeError):
+                packed_linear.linear(x, packed_linear.pack(w, "onednn"), None)
     assert not packed_linear.onednn_available(torch.float16)
 
 
