@@ -22,7 +22,10 @@ namespace {
 // 96-row items ran at 0.94-1.04x oneDNN where 48-row ones ran at 0.86-0.95x (2-core Zen 4).
 constexpr int kBlockRows = 16 * kLinearTileRows;
 // Multiply-adds below which a call runs on the calling thread alone (no pool round trip).
-constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
+// 2^16: a one-row "tiny" step's [256 x 256], [384 x 256] and [256 x 688] products (65k-176k
+// multiply-adds, 3-8 us on one core from L2) gain from the second thread; at 2^18 they ran on
+// one, and the 4-layer stack at one token took 151 us against 127 us (2-core Zen 4, fp32).
+constexpr int64_t kMinParallelMacs = int64_t{1} << 16;
 
 void check_dtype(ScalarType dtype, const char* what) {
   PAGEDLLM_CHECK_ARG(dtype == ScalarType::kFloat32 || dtype == ScalarType::kBFloat16,
