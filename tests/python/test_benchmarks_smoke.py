@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -358,3 +359,24 @@ def test_decode_step_profiles_the_python_layers_beside_the_stack(bench_env, monk
     assert r["profiled_ms_per_step"]["attention kernel"] > 0
     assert (r["step_ms_python_layers"] is not None) == r["decoder_stack"]
     assert "Python layers" in decode_step.markdown(r)
+
+
+def test_build_ab_loads_each_tree_in_its_own_process(bench_env, tmp_path):
+    # Two builds of the extension can only be compared one per process: each round's child must
+    # import pagedllm (and its _core) from the tree it was given.
+    import pagedllm
+    from benchmarks import build_ab
+
+    before = tmp_path / "before"
+    before.mkdir()
+    (before / "pagedllm").symlink_to(Path(pagedllm.__file__).parent, target_is_directory=True)
+    build_ab.main(["--before", str(before), "--rounds", "2", "--repeats", "2", "--prompt", "4",
+                   "--output", "3", "--name", "build_ab_smoke"])
+    r = json.loads((bench_env / "build_ab_smoke.json").read_text())
+    after = str(Path(pagedllm.__file__).parent.parent.absolute())
+    assert r["trees"] == {"before": str(before), "after": after}
+    assert [x["core"].startswith(str(before)) for x in r["runs"]["before"]] == [True, True]
+    assert [x["core"].startswith(after) for x in r["runs"]["after"]] == [True, True]
+    assert len(r["ratios"]) == 2 and all(x > 0 for x in r["ratios"])
+    assert r["median_ratio"] == statistics.median(r["ratios"])
+    assert r["runs"]["after"][0]["ran"]["pagedllm_cpu_engine"]
