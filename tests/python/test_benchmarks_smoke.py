@@ -380,3 +380,43 @@ def test_build_ab_loads_each_tree_in_its_own_process(bench_env, tmp_path):
     assert len(r["ratios"]) == 2 and all(x > 0 for x in r["ratios"])
     assert r["median_ratio"] == statistics.median(r["ratios"])
     assert r["runs"]["after"][0]["ran"]["pagedllm_cpu_engine"]
+
+
+def test_contention_runs_copies_together_per_setting(bench_env):
+    from benchmarks import contention
+
+    contention.main(["--workloads", "quick", "--copies", "2", "--rounds", "2",
+                     "--settings", "default,OMP_WAIT_POLICY=passive", "--name", "contention_smoke"])
+    r = json.loads((bench_env / "contention_smoke.json").read_text())
+    assert [(row["setting"], row["workload"]) for row in r["rows"]] == \
+        [("default", "quick"), ("OMP_WAIT_POLICY=passive", "quick")]
+    for row in r["rows"]:
+        assert len(row["alone_runs_s"]) == 2
+        assert [len(copy) for copy in row["together_runs_s"]] == [2, 2]
+        assert row["vs_fair_share"] == pytest.approx(
+            row["together_s"] / (2 * row["alone_s"]))
+    assert "| OMP_WAIT_POLICY=passive | quick |" in contention.markdown(r)
+
+
+def test_contention_beside_a_neighbor_reports_the_first_copy(bench_env):
+    from benchmarks import contention
+
+    contention.main(["--workloads", "quick", "--copies", "2", "--rounds", "2", "--settings",
+                     "default", "--neighbor", "PAGEDLLM_THREAD_RUNTIME=openmp", "--name",
+                     "contention_neighbor"])
+    r = json.loads((bench_env / "contention_neighbor.json").read_text())
+    row = r["rows"][0]
+    assert r["neighbor"] == "PAGEDLLM_THREAD_RUNTIME=openmp"
+    assert row["together_s"] == statistics.median(row["together_runs_s"][0])
+    assert "beside PAGEDLLM_THREAD_RUNTIME=openmp" in contention.markdown(r)
+
+
+def test_contention_rejects_bad_settings_and_workloads():
+    from benchmarks import contention
+
+    assert contention.parse_setting("default") == {}
+    assert contention.parse_setting("A=1+B=x=y") == {"A": "1", "B": "x=y"}
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        contention.parse_setting("passive")
+    with pytest.raises(ValueError, match="unknown workload"):
+        contention.workload("huge", "tiny")

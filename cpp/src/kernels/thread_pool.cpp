@@ -70,7 +70,10 @@ inline void cpu_relax() {
 // it sleeps on the condition variable. Kernel calls come in bursts (a decode step's layers call
 // parallel_for back to back, microseconds apart); waking a sleeping thread through the futex
 // costs 10-30 us on the machines measured (docs/BENCHMARKS.md, twenty-first session), more than
-// a small GEMV. Short enough that an idle pool gives its cores back almost at once.
+// a small GEMV. Short enough that an idle pool gives its cores back almost at once. The spin
+// never yields: a thread that calls sched_yield while it waits gets no sleeper's credit from the
+// scheduler, and beside a process whose threads spin (an OpenMP program) such a pool lost its
+// share of the cores, 3-4.5x slower (2-core Zen 4, docs/BENCHMARKS.md, twenty-second session).
 constexpr auto kSpin = std::chrono::microseconds(100);
 
 class ThreadPool {
