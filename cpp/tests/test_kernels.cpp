@@ -374,6 +374,35 @@ TEST(KernelThreadPool, SpinningAndSleepingWorkersRunEveryJob) {
   if (was_openmp) pk::adopt_loaded_openmp();
 }
 
+// The built-in pool's caller waits only for the indices workers took: a worker that comes to a
+// job late finds its indices gone and must never call that job's body, whose captures are gone
+// once parallel_for returns (ASan sees a stale call as a use after scope). Many small jobs back
+// to back, some with an index that sleeps, check every index runs once, in its own job.
+TEST(KernelThreadPool, LateWorkersNeverRunAFinishedJob) {
+  const int old_threads = pk::get_num_threads();
+  const bool was_openmp = pk::parallel_runtime() != "builtin";
+  pk::use_builtin_pool();
+  pk::set_num_threads(3);
+  std::atomic<int> stale{0};
+  for (int job = 0; job < 20000; ++job) {
+    const int64_t n = 2 + job % 3;
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    std::atomic<bool> open{true};
+    pk::parallel_for(n, [&, job](int64_t i, int w) {
+      if (!open.load()) stale.fetch_add(1);
+      if (job % 997 == 0 && i == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+      ASSERT_GE(w, 0);
+      ASSERT_LT(w, 3);
+      hits[static_cast<size_t>(i)].fetch_add(1);
+    });
+    open.store(false);
+    for (auto& h : hits) ASSERT_EQ(h.load(), 1) << "job " << job;
+  }
+  EXPECT_EQ(stale.load(), 0);
+  pk::set_num_threads(old_threads);
+  if (was_openmp) pk::adopt_loaded_openmp();
+}
+
 TEST(KernelRMSNorm, MatchesDoubleReferenceInPlaceAndAcrossTasks) {
   // 300 rows x 1000 cols: several pool tasks, a tail after the 8-wide loop, out aliasing x.
   const int64_t rows = 300;

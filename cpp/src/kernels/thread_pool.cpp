@@ -76,6 +76,12 @@ inline void cpu_relax() {
 // share of the cores, 3-4.5x slower (2-core Zen 4, docs/BENCHMARKS.md, twenty-second session).
 constexpr auto kSpin = std::chrono::microseconds(100);
 
+// The job's state lives in the pool, not on the caller's stack, so the caller waits only for
+// the indices workers took, never for a worker that has not come to the job yet: under load
+// (other processes' threads on the cores) a worker that is descheduled would otherwise cost
+// every call a scheduling delay, even when the caller ran every index itself. A worker that
+// comes late finds the indices gone and leaves; the next job waits only for such a worker to
+// have left, a window of a few instructions.
 class ThreadPool {
  public:
   explicit ThreadPool(int num_threads) : size_(num_threads) {
@@ -94,26 +100,39 @@ class ThreadPool {
 
   int size() const { return size_; }
 
-  // Runs the job on all threads; the caller is worker 0.
+  // Runs the job on all threads; the caller is worker 0. One caller at a time (g_run_mu).
   void run(Job* job) {
-    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-    job_.store(job, std::memory_order_relaxed);
+    // Close the last job: from the odd generation on no worker enters it, and the seq_cst pair
+    // (this store, then active_'s load; a worker's increment, then its generation load) means a
+    // worker either is counted here or sees the odd value and backs out.
+    const uint64_t g = generation_.load(std::memory_order_relaxed);  // only callers write it
+    generation_.store(g + 1, std::memory_order_seq_cst);
+    if (!spin_until([this] { return active_.load(std::memory_order_seq_cst) == 0; })) {
+      while (active_.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+    }
+    n_ = job->n;
+    fn_ = job->fn;
+    error_ = nullptr;
+    next_.store(0, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
     bool wake;
     {
       // Under the lock, so that a worker about to sleep sees the new generation in its wait's
       // predicate, or is counted in sleepers_ and notified.
       std::lock_guard<std::mutex> lock(mu_);
-      generation_.fetch_add(1, std::memory_order_release);
+      generation_.store(g + 2, std::memory_order_release);
       wake = sleepers_ > 0;
     }
     if (wake) cv_work_.notify_all();
-    job->drain(0);
-    // The workers are on their last indices: spin briefly, then sleep until the last one is done.
-    if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    drain(0);
+    // Every index is handed out: wait for those still running on workers (spin briefly, then
+    // sleep until the last one is done).
+    const auto all_done = [this] { return done_.load(std::memory_order_acquire) == n_; };
+    if (!spin_until(all_done)) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+      cv_done_.wait(lock, all_done);
     }
-    job_.store(nullptr, std::memory_order_relaxed);
+    job->error = error_;
   }
 
  private:
@@ -129,12 +148,34 @@ class ThreadPool {
     }
   }
 
+  // Takes the open job's indices until none are left, as `worker`.
+  void drain(int worker) {
+    t_inside_job = true;
+    for (;;) {
+      const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
+      if (i >= n_) break;
+      try {
+        (*fn_)(i, worker);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu_);
+        if (!error_) error_ = std::current_exception();
+      }
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_ && worker != 0) {
+        // The caller may have gone to sleep: the lock orders this notify after its wait began.
+        std::lock_guard<std::mutex> lock(mu_);
+        cv_done_.notify_one();
+      }
+    }
+    t_inside_job = false;
+  }
+
   void worker_loop(int worker) {
     uint64_t seen = 0;
     for (;;) {
       const auto fresh = [&] {
-        return stop_.load(std::memory_order_acquire) ||
-               generation_.load(std::memory_order_acquire) != seen;
+        if (stop_.load(std::memory_order_acquire)) return true;
+        const uint64_t g = generation_.load(std::memory_order_acquire);
+        return g % 2 == 0 && g != seen;
       };
       if (!spin_until(fresh)) {
         std::unique_lock<std::mutex> lock(mu_);
@@ -143,13 +184,14 @@ class ThreadPool {
         --sleepers_;
       }
       if (stop_.load(std::memory_order_acquire)) return;
-      seen = generation_.load(std::memory_order_acquire);
-      job_.load(std::memory_order_relaxed)->drain(worker);
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        // The caller may have gone to sleep: the lock orders this notify after its wait began.
-        std::lock_guard<std::mutex> lock(mu_);
-        cv_done_.notify_one();
+      const uint64_t g = generation_.load(std::memory_order_acquire);
+      if (g % 2 != 0 || g == seen) continue;
+      active_.fetch_add(1, std::memory_order_seq_cst);
+      if (generation_.load(std::memory_order_seq_cst) == g) {  // still open: n_, fn_ are g's
+        seen = g;
+        drain(worker);
       }
+      active_.fetch_sub(1, std::memory_order_release);
     }
   }
 
@@ -158,11 +200,18 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable cv_work_;
   std::condition_variable cv_done_;
-  std::atomic<uint64_t> generation_{0};  // bumped per job (under mu_)
+  // Even: job generation_ / 2 is open (0: none yet); odd: the caller is replacing it. The even
+  // values are stored under mu_.
+  std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stop_{false};
-  std::atomic<int> pending_{0};          // workers still in the current job
-  std::atomic<Job*> job_{nullptr};       // published before generation_'s release
-  int sleepers_ = 0;                     // workers waiting on cv_work_ (under mu_)
+  std::atomic<int> active_{0};     // workers inside the open job (past its generation check)
+  std::atomic<int64_t> next_{0};   // the next index to hand out
+  std::atomic<int64_t> done_{0};   // indices finished
+  int64_t n_ = 0;                  // the job's size and body: written only while the generation
+  const ParallelFn* fn_ = nullptr; // is odd and no worker is active
+  std::mutex error_mu_;
+  std::exception_ptr error_;       // the first exception of the job (under error_mu_)
+  int sleepers_ = 0;               // workers waiting on cv_work_ (under mu_)
 };
 
 // An OpenMP runtime's entry points (libgomp's ABI; Intel's and LLVM's runtimes export it too).
