@@ -30,17 +30,21 @@ namespace {
 
 thread_local bool t_inside_job = false;  // true on a worker (or caller) while it runs a job
 
-// One parallel_for call: indices handed out from `next`, the first exception kept.
+// One parallel_for call: indices handed out from `next`, counted in `done` once run, the first
+// exception kept.
 struct Job {
   int64_t n = 0;
   const ParallelFn* fn = nullptr;
   std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
   std::mutex error_mu;
   std::exception_ptr error;
 
-  // Takes indices until none are left, as `worker`.
-  void drain(int worker) {
+  // Takes indices until none are left, as `worker`; returns whether it ran the job's last one
+  // to finish.
+  bool drain(int worker) {
     t_inside_job = true;
+    bool last = false;
     for (;;) {
       const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
       if (i >= n) break;
@@ -50,8 +54,10 @@ struct Job {
         std::lock_guard<std::mutex> lock(error_mu);
         if (!error) error = std::current_exception();
       }
+      last = done.fetch_add(1, std::memory_order_acq_rel) + 1 == n;
     }
     t_inside_job = false;
+    return last;
   }
 };
 
@@ -76,12 +82,12 @@ inline void cpu_relax() {
 // share of the cores, 3-4.5x slower (2-core Zen 4, docs/BENCHMARKS.md, twenty-second session).
 constexpr auto kSpin = std::chrono::microseconds(100);
 
-// The job's state lives in the pool, not on the caller's stack, so the caller waits only for
-// the indices workers took, never for a worker that has not come to the job yet: under load
-// (other processes' threads on the cores) a worker that is descheduled would otherwise cost
-// every call a scheduling delay, even when the caller ran every index itself. A worker that
-// comes late finds the indices gone and leaves; the next job waits only for such a worker to
-// have left, a window of a few instructions.
+// The job's state lives in the pool (open_), not on the caller's stack, so the caller waits
+// only for the indices workers took, never for a worker that has not come to the job yet: under
+// load (other processes' threads on the cores) a worker that is descheduled would otherwise
+// cost every call a scheduling delay, even when the caller ran every index itself. A worker
+// that comes late finds the indices gone and leaves; the next job waits only for such a worker
+// to have left, a window of a few instructions.
 class ThreadPool {
  public:
   explicit ThreadPool(int num_threads) : size_(num_threads) {
@@ -110,11 +116,11 @@ class ThreadPool {
     if (!spin_until([this] { return active_.load(std::memory_order_seq_cst) == 0; })) {
       while (active_.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
     }
-    n_ = job->n;
-    fn_ = job->fn;
-    error_ = nullptr;
-    next_.store(0, std::memory_order_relaxed);
-    done_.store(0, std::memory_order_relaxed);
+    open_.n = job->n;
+    open_.fn = job->fn;
+    open_.error = nullptr;
+    open_.next.store(0, std::memory_order_relaxed);
+    open_.done.store(0, std::memory_order_relaxed);
     bool wake;
     {
       // Under the lock, so that a worker about to sleep sees the new generation in its wait's
@@ -124,15 +130,15 @@ class ThreadPool {
       wake = sleepers_ > 0;
     }
     if (wake) cv_work_.notify_all();
-    drain(0);
+    open_.drain(0);
     // Every index is handed out: wait for those still running on workers (spin briefly, then
     // sleep until the last one is done).
-    const auto all_done = [this] { return done_.load(std::memory_order_acquire) == n_; };
+    const auto all_done = [this] { return open_.done.load(std::memory_order_acquire) == open_.n; };
     if (!spin_until(all_done)) {
       std::unique_lock<std::mutex> lock(mu_);
       cv_done_.wait(lock, all_done);
     }
-    job->error = error_;
+    job->error = open_.error;
   }
 
  private:
@@ -146,27 +152,6 @@ class ThreadPool {
       if (done()) return true;
       if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return done();
     }
-  }
-
-  // Takes the open job's indices until none are left, as `worker`.
-  void drain(int worker) {
-    t_inside_job = true;
-    for (;;) {
-      const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-      if (i >= n_) break;
-      try {
-        (*fn_)(i, worker);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mu_);
-        if (!error_) error_ = std::current_exception();
-      }
-      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_ && worker != 0) {
-        // The caller may have gone to sleep: the lock orders this notify after its wait began.
-        std::lock_guard<std::mutex> lock(mu_);
-        cv_done_.notify_one();
-      }
-    }
-    t_inside_job = false;
   }
 
   void worker_loop(int worker) {
@@ -187,9 +172,13 @@ class ThreadPool {
       const uint64_t g = generation_.load(std::memory_order_acquire);
       if (g % 2 != 0 || g == seen) continue;
       active_.fetch_add(1, std::memory_order_seq_cst);
-      if (generation_.load(std::memory_order_seq_cst) == g) {  // still open: n_, fn_ are g's
+      if (generation_.load(std::memory_order_seq_cst) == g) {  // still open: open_ is g's
         seen = g;
-        drain(worker);
+        if (open_.drain(worker)) {
+          // The caller may have gone to sleep: the lock orders this notify after its wait began.
+          std::lock_guard<std::mutex> lock(mu_);
+          cv_done_.notify_one();
+        }
       }
       active_.fetch_sub(1, std::memory_order_release);
     }
@@ -204,14 +193,10 @@ class ThreadPool {
   // values are stored under mu_.
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stop_{false};
-  std::atomic<int> active_{0};     // workers inside the open job (past its generation check)
-  std::atomic<int64_t> next_{0};   // the next index to hand out
-  std::atomic<int64_t> done_{0};   // indices finished
-  int64_t n_ = 0;                  // the job's size and body: written only while the generation
-  const ParallelFn* fn_ = nullptr; // is odd and no worker is active
-  std::mutex error_mu_;
-  std::exception_ptr error_;       // the first exception of the job (under error_mu_)
-  int sleepers_ = 0;               // workers waiting on cv_work_ (under mu_)
+  std::atomic<int> active_{0};  // workers inside the open job (past its generation check)
+  Job open_;                    // the open job: its n and fn written only while the generation
+                                // is odd and no worker is active
+  int sleepers_ = 0;            // workers waiting on cv_work_ (under mu_)
 };
 
 // An OpenMP runtime's entry points (libgomp's ABI; Intel's and LLVM's runtimes export it too).
