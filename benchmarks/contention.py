@@ -29,6 +29,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -148,7 +149,6 @@ def main(argv=None) -> None:
         workload(n, a.model)  # an unknown name fails here, before any process starts
     for s in settings + ([a.neighbor] if a.neighbor else []):
         parse_setting(s)
-    import tempfile
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
