@@ -1,12 +1,13 @@
 """Two builds of pagedllm on the same requests, alternately in fresh processes.
 
 For a C++ change (a kernel, a threading threshold) the engine's Python is the same and only the
-`_core` extension differs, so the comparison must load each build in its own process: this
-script runs `--before` (a directory holding a `pagedllm` package with its built `_core`, e.g. a
-copy of python/ taken before the change was built) and `--after` (default: where this process
-imports pagedllm from, python/ in a developer build) in turns, fresh processes each round, the order alternating, so both see the same load. Each process loads the
-model once, warms up on the workload, then times it `--repeats` times (greedy, forced output
-length, only the generate call timed) and reports its median.
+`_core` extension differs, so the comparison must load each build in its own process: this script
+runs `--before` (a directory holding a `pagedllm` package with its built `_core`, e.g. a copy of
+python/ taken before the change was built) and `--after` (default: where this process imports
+pagedllm from, python/ in a developer build) in turns, fresh processes each round, the order
+alternating, so both see the same load. Each process loads the model once, warms up on the
+workload, then times it `--repeats` times (greedy, forced output length, only the generate call
+timed) and reports its median. The requests are benchmarks.workloads.uniform_workload's.
 
 Usage: PYTHONPATH=.:python python -m benchmarks.build_ab --before DIR [--after DIR] [--model tiny]
        [--dtype float32] [--requests 1] [--prompt 128] [--output 64] [--rounds 6]
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -31,26 +31,18 @@ from benchmarks.common import write_results
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def requests(vocab: int, n: int, prompt: int, output: int, seed: int = 0) -> list:
-    """n requests of `prompt` random token ids (seeded) and `output` forced tokens."""
-    from benchmarks.workloads import BenchRequest
-
-    rnd = random.Random(seed)
-    return [BenchRequest([rnd.randrange(5, vocab) for _ in range(prompt)], output)
-            for _ in range(n)]
-
-
 def child(a: argparse.Namespace) -> None:
     """One process: load, warm up, time the workload `repeats` times; print JSON (the
     emulation checked first: isa.check)."""
     from benchmarks.common import checkpoint
     from benchmarks.engines import PagedEngine
+    from benchmarks.workloads import uniform_workload
     from pagedllm import _core
     from pagedllm.model.checkpoint import random_config
 
     ran = isa.check(a.isa)
     engine = PagedEngine(checkpoint(a.model), dtype=a.dtype)
-    reqs = requests(random_config(a.model).vocab_size, a.requests, a.prompt, a.output)
+    reqs = uniform_workload(a.requests, random_config(a.model).vocab_size, a.prompt, a.output)
     engine.generate(reqs)
     times = [engine.generate(reqs).elapsed_s for _ in range(a.repeats)]
     print(json.dumps({"median_s": statistics.median(times), "min_s": min(times),
@@ -100,8 +92,9 @@ def main(argv=None) -> None:
     ratios = []
     for r in range(a.rounds):
         order = ("before", "after") if r % 2 == 0 else ("after", "before")
-        got = {tree: one_run(trees[tree], a) for tree in order}
+        got = {}
         for tree in order:
+            got[tree] = one_run(trees[tree], a)
             runs[tree].append(got[tree])
         ratios.append(got["before"]["median_s"] / got["after"]["median_s"])
         print(f"round {r}: before {got['before']['median_s'] * 1e3:.2f} ms, after "
