@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagedllm/error.h"
@@ -220,6 +221,63 @@ TEST_P(FusedOps, ArgmaxFirstMaximumAndNonFiniteRows) {
 
 INSTANTIATE_TEST_SUITE_P(AllEngines, FusedOps, ::testing::Values("avx512", "avx2", "generic"),
                          [](const auto& info) { return info.param; });
+
+TEST(TokenRows, EmbeddingAndRopeRowsOrTheRowsNeeded) {
+  const int V = 11, H = 6, D = 4, R = 9;
+  std::vector<float> emb(V * (H + 1)), cos_t(R * D), sin_t(R * D);
+  for (size_t i = 0; i < emb.size(); ++i) emb[i] = float(i);
+  for (int i = 0; i < R * D; ++i) {
+    cos_t[i] = float(i) + 0.25f;
+    sin_t[i] = -float(i);
+  }
+  const std::vector<int64_t> ids = {10, 0, 4, 4}, pos = {8, 0, 2, 2};
+  const int n = static_cast<int>(ids.size());
+  std::vector<float> x(n * H, 7.0f), cs(n * D, 7.0f), sn(n * D, 7.0f);
+  pk::TokenRowsParams p;
+  p.ids = ids.data();
+  p.positions = pos.data();
+  p.num_tokens = n;
+  p.embedding = emb.data();
+  p.embedding_row_stride = H + 1;  // a strided embedding: rows of H + 1
+  p.vocab = V;
+  p.hidden = H;
+  p.cos_table = cos_t.data();
+  p.sin_table = sin_t.data();
+  p.table_rows = R;
+  p.head_dim = D;
+  p.x = x.data();
+  p.cos = cs.data();
+  p.sin = sn.data();
+  EXPECT_EQ(pk::gather_token_rows(p), 0);
+  for (int i = 0; i < n; ++i) {
+    for (int h = 0; h < H; ++h) EXPECT_EQ(x[i * H + h], emb[ids[i] * (H + 1) + h]);
+    for (int d = 0; d < D; ++d) {
+      EXPECT_EQ(cs[i * D + d], cos_t[pos[i] * D + d]);
+      EXPECT_EQ(sn[i * D + d], sin_t[pos[i] * D + d]);
+    }
+  }
+  // a position past the tables: the rows it needs, nothing written
+  std::fill(x.begin(), x.end(), 7.0f);
+  std::fill(cs.begin(), cs.end(), 7.0f);
+  const std::vector<int64_t> far = {1, 30, 2, 3};
+  p.positions = far.data();
+  EXPECT_EQ(pk::gather_token_rows(p), 31);
+  EXPECT_TRUE(std::all_of(x.begin(), x.end(), [](float v) { return v == 7.0f; }));
+  EXPECT_TRUE(std::all_of(cs.begin(), cs.end(), [](float v) { return v == 7.0f; }));
+  // an id out of range or a negative position: kOutOfRange, nothing written
+  const std::vector<int64_t> bad_id = {1, 11, 2, 3}, bad_pos = {1, -1, 2, 3};
+  for (const auto& [i, q] : {std::pair{&bad_id, &pos}, std::pair{&ids, &bad_pos}}) {
+    p.ids = i->data();
+    p.positions = q->data();
+    try {
+      pk::gather_token_rows(p);
+      ADD_FAILURE() << "bad input was accepted";
+    } catch (const pagedllm::Error& e) {
+      EXPECT_EQ(e.kind(), pagedllm::ErrorKind::kOutOfRange);
+    }
+    EXPECT_TRUE(std::all_of(x.begin(), x.end(), [](float v) { return v == 7.0f; }));
+  }
+}
 
 TEST(FusedOpsChecks, BadParamsThrowBeforeWriting) {
   std::vector<float> x(16, 1.0f), out(16, 7.0f), w(8, 1.0f);

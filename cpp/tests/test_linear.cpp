@@ -218,6 +218,63 @@ TEST(LinearLayout, PanelsOf16ColumnsAndKPairs) {
         }
 }
 
+TEST(LinearLayout, PackedRowsReadTheWeightBack) {
+  // float32 and bfloat16 (odd K: the last pair padded), rows in any order, repeated; an id out
+  // of range throws kOutOfRange before anything is written.
+  const int N = 37, K = 5;
+  std::vector<float> w(N * K);
+  for (int i = 0; i < N * K; ++i) w[i] = float(i) * 0.5f - 3.0f;
+  const std::vector<uint16_t> wb = pagedllm_test::to_bf16(w);
+  const std::vector<int64_t> ids = {36, 0, 17, 17, 16, 15};
+  for (const auto dtype : {pk::ScalarType::kFloat32, pk::ScalarType::kBFloat16}) {
+    const bool f32 = dtype == pk::ScalarType::kFloat32;
+    const int64_t es = f32 ? 4 : 2;
+    std::vector<char> packed(pk::packed_linear_elements(dtype, N, K) * es);
+    pk::PackLinearParams pp;
+    pp.dtype = dtype;
+    pp.weight = f32 ? static_cast<const void*>(w.data()) : wb.data();
+    pp.weight_row_stride = K;
+    pp.out_features = N;
+    pp.in_features = K;
+    pp.packed = packed.data();
+    pk::pack_linear_weight(pp);
+    std::vector<char> out(ids.size() * (K + 2) * es, 0x5A);
+    pk::PackedRowsParams p;
+    p.dtype = dtype;
+    p.packed = packed.data();
+    p.out_features = N;
+    p.in_features = K;
+    p.ids = ids.data();
+    p.rows = static_cast<int64_t>(ids.size());
+    p.out = out.data();
+    p.out_row_stride = K + 2;  // a wider output: the two extra columns stay untouched
+    pk::packed_linear_rows(p);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (int k = 0; k < K + 2; ++k) {
+        const char* got = out.data() + (i * (K + 2) + k) * es;
+        if (k >= K) {
+          EXPECT_EQ(got[0], 0x5A);
+        } else if (f32) {
+          EXPECT_EQ(*reinterpret_cast<const float*>(got), w[ids[i] * K + k]);
+        } else {
+          EXPECT_EQ(*reinterpret_cast<const uint16_t*>(got), wb[ids[i] * K + k]);
+        }
+      }
+    }
+    const std::vector<char> before = out;
+    const std::vector<int64_t> bad = {3, N};
+    p.ids = bad.data();
+    p.rows = 2;
+    try {
+      pk::packed_linear_rows(p);
+      ADD_FAILURE() << "an id out of range was accepted";
+    } catch (const pagedllm::Error& e) {
+      EXPECT_EQ(e.kind(), pagedllm::ErrorKind::kOutOfRange);
+    }
+    EXPECT_EQ(out, before);
+  }
+}
+
 TEST(LinearArgs, BadParamsThrowBeforeWriting) {
   std::vector<float> x(4 * 8), packed(pk::packed_linear_elements(pk::ScalarType::kFloat32, 8, 8)),
       y(4 * 8, 3.0f);

@@ -8,6 +8,7 @@
 #include "kernel_args.h"
 #include "pagedllm/error.h"
 #include "pagedllm/kernels/fused_ops.h"
+#include "pagedllm/kernels/linear.h"
 
 namespace py = pybind11;
 namespace k = pagedllm::kernels;
@@ -152,6 +153,68 @@ int64_t argmax_rows(py::handle x, py::handle index, py::handle max_value) {
   return k::argmax_rows(p);
 }
 
+// Checks t holds `rows` x `cols` contiguous elements of dtype (any rank: [rows, 1, cols] too).
+void check_contiguous_rows(const Tensor& t, DType dtype, int64_t rows, int64_t cols) {
+  t.require_cpu();
+  PAGEDLLM_CHECK_ARG(t.dtype() == dtype && t.ndim() >= 1 && t.size(0) == rows &&
+                         t.numel() == rows * cols,
+                     t.name() << " " << t.describe() << " must hold [" << rows << ", " << cols
+                              << "] " << dtype_name(dtype));
+  t.require_inner_contiguous(0);
+}
+
+int64_t token_rows(py::handle x, py::handle cos, py::handle sin, py::handle ids,
+                   py::handle positions, py::handle embedding, int64_t vocab, bool packed,
+                   py::handle cos_table, py::handle sin_table) {
+  const Tensor xt(x, "x"), ct(cos, "cos"), st(sin, "sin"), it(ids, "ids"), pt(positions, "positions"),
+      et(embedding, "embedding"), ctt(cos_table, "cos_table"), stt(sin_table, "sin_table");
+  k::TokenRowsParams p;
+  p.dtype = common_float_type({&xt, &ct, &st, &et, &ctt, &stt});
+  for (const Tensor* t : {&it, &pt}) {
+    t->require_cpu();
+    PAGEDLLM_CHECK_ARG(t->dtype() == DType::kInt64 && t->ndim() == 1,
+                       t->name() << " " << t->describe() << ": expected a 1-D int64 vector");
+    t->require_inner_contiguous(0);
+  }
+  p.num_tokens = it.size(0);
+  PAGEDLLM_CHECK_ARG(pt.size(0) == p.num_tokens, "positions " << pt.describe() << " must be ["
+                                                              << p.num_tokens << "] (ids')");
+  xt.require_ndim(2);
+  p.hidden = to_i32(xt.size(1), "hidden");
+  p.vocab = to_i32(vocab, "vocab");
+  p.embedding_packed = packed;
+  if (packed) {
+    et.require_ndim(1);
+    PAGEDLLM_CHECK_ARG(et.size(0) == k::packed_linear_elements(p.dtype, p.vocab, p.hidden),
+                       "embedding " << et.describe() << " must be a packed [" << p.vocab << ", "
+                                    << p.hidden << "] weight");
+    et.require_inner_contiguous(0);
+  } else {
+    PAGEDLLM_CHECK_ARG(et.size(0) == p.vocab, "embedding " << et.describe() << " must have "
+                                                           << p.vocab << " rows");
+    p.embedding_row_stride = row_stride(et, p.vocab, p.hidden, "the embedding");
+  }
+  check_contiguous_rows(xt, xt.dtype(), p.num_tokens, p.hidden);
+  PAGEDLLM_CHECK_ARG(ctt.ndim() >= 1, "cos_table " << ctt.describe() << " has no head_dim");
+  p.head_dim = to_i32(ctt.size(ctt.ndim() - 1), "head_dim");  // tables [rows, (1,) head_dim]
+  check_contiguous_rows(ct, xt.dtype(), p.num_tokens, p.head_dim);
+  check_contiguous_rows(st, xt.dtype(), p.num_tokens, p.head_dim);
+  p.table_rows = ctt.size(0);
+  check_contiguous_rows(ctt, xt.dtype(), p.table_rows, p.head_dim);
+  check_contiguous_rows(stt, xt.dtype(), p.table_rows, p.head_dim);
+  for (const Tensor* t : {&xt, &ct, &st}) t->require_writable();
+  p.ids = static_cast<const int64_t*>(it.data());
+  p.positions = static_cast<const int64_t*>(pt.data());
+  p.embedding = et.data();
+  p.cos_table = ctt.data();
+  p.sin_table = stt.data();
+  p.x = xt.data();
+  p.cos = ct.data();
+  p.sin = st.data();
+  py::gil_scoped_release release;
+  return k::gather_token_rows(p);
+}
+
 }  // namespace
 
 void bind_fused_kernels(py::module_& m) {
@@ -170,6 +233,15 @@ void bind_fused_kernels(py::module_& m) {
         "transposed, as long as no two heads overlap): "
         "x = x * cos + swap_halves(x) * sin with cos / sin [num_tokens, (1,) head_dim] "
         "(sin's first half negated: pagedllm.model.rope's tables); float32 or bfloat16.");
+  m.def("token_rows", &token_rows, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("ids"),
+        py::arg("positions"), py::arg("embedding"), py::arg("vocab"), py::arg("packed"),
+        py::arg("cos_table"), py::arg("sin_table"),
+        "A step's input rows in one call: x [n, hidden] = embedding rows ids (int64 [n]; the "
+        "embedding a dense [vocab, hidden] matrix, or packed=True: pack_linear_weight's panels), "
+        "cos / sin [n, (1,) head_dim] = the tables' rows at positions (int64 [n]); float32 or "
+        "bfloat16, copies. Returns 0, or (writing nothing) the table rows the largest position "
+        "needs when the tables are shorter. IndexError: an id outside [0, vocab), a negative "
+        "position.");
   m.def("argmax_rows", &argmax_rows, py::arg("x"), py::arg("index"), py::arg("max_value"),
         "Per row of float32 x [rows, cols]: index (int64 [rows]) of its first maximum and "
         "max_value (float32 [rows]; NaN if the row holds one). Returns how many rows have a "

@@ -109,6 +109,29 @@ void linear(py::handle y, py::handle x, py::handle packed, py::handle bias) {
   k::linear(p);
 }
 
+void packed_rows(py::handle out, py::handle packed, int64_t out_features, py::handle ids) {
+  const Tensor ot(out, "out"), pt(packed, "packed"), it(ids, "ids");
+  k::PackedRowsParams p;
+  p.dtype = float_type(pt, nullptr);
+  float_type(ot, &pt);
+  it.require_cpu();
+  PAGEDLLM_CHECK_ARG(it.dtype() == DType::kInt64 && it.ndim() == 1,
+                     "ids " << it.describe() << ": expected a 1-D int64 index vector");
+  it.require_inner_contiguous(0);
+  ot.require_ndim(2);
+  p.rows = it.size(0);
+  p.out_features = to_i32(out_features, "out_features");
+  p.in_features = to_i32(ot.size(1), "in_features");
+  check_packed(pt, p.dtype, p.out_features, p.in_features);
+  p.out_row_stride = matrix_stride(ot, p.rows, p.in_features, "out (ids' rows x in_features)");
+  ot.require_writable();
+  p.packed = pt.data();
+  p.ids = static_cast<const int64_t*>(it.data());
+  p.out = ot.data();
+  py::gil_scoped_release release;
+  k::packed_linear_rows(p);
+}
+
 }  // namespace
 
 void bind_linear_kernels(py::module_& m) {
@@ -122,6 +145,11 @@ void bind_linear_kernels(py::module_& m) {
   m.def("linear", &linear, py::arg("y"), py::arg("x"), py::arg("packed"), py::arg("bias"),
         "y [rows, out_features] = x [rows, in_features] @ W.T (+ bias [out_features] or None), "
         "W packed by pack_linear_weight; float32 or bfloat16, float32 sums, y rounded once.");
+  m.def("packed_rows", &packed_rows, py::arg("out"), py::arg("packed"), py::arg("out_features"),
+        py::arg("ids"),
+        "out [n, in_features] = W[ids] (ids: int64 [n], each in [0, out_features)) read from "
+        "W's packed form (pack_linear_weight): an embedding lookup from a tied lm_head's panels, "
+        "bit-identical to the weight's rows; IndexError on an id out of range.");
   m.def("linear_kernel", [](const std::string& dtype) { return std::string(k::linear_kernel(dtype_named(dtype))); },
         py::arg("dtype"),
         "The tile loops linear() runs for dtype here: 'avx512', 'avx512_bf16', 'avx2' or 'generic' "

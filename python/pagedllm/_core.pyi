@@ -185,6 +185,14 @@ def argmax_rows(x: Tensor, index: Tensor, max_value: Tensor) -> int:
     """Per row of float32 x [rows, cols]: index (int64 [rows]) of its first maximum and
     max_value (float32 [rows]; NaN if the row holds one). Returns how many rows have a maximum
     that is not a finite float above the lowest one."""
+def token_rows(x: Tensor, cos: Tensor, sin: Tensor, ids: Tensor, positions: Tensor,
+               embedding: Tensor, vocab: int, packed: bool, cos_table: Tensor,
+               sin_table: Tensor) -> int:
+    """A step's input rows in one call: x [n, hidden] = the embedding's rows ids (int64 [n]; a
+    dense [vocab, hidden] matrix, or packed=True: pack_linear_weight's panels), cos / sin
+    [n, (1,) head_dim] = the tables' rows at positions (int64 [n]); float32 or bfloat16, copies.
+    Returns 0, or (writing nothing) the table rows the largest position needs when the tables
+    are shorter. IndexError: an id outside [0, vocab) or a negative position."""
 def paged_attention_decode(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor,
                            block_tables: Tensor, context_lens: Tensor, scale: float,
                            kv_cache_dtype: str = "auto", k_scale: float = 1.0,
@@ -272,6 +280,10 @@ def linear(y: Tensor, x: Tensor, packed: Tensor, bias: Optional[Tensor]) -> None
     """y [rows, out_features] = x [rows, in_features] @ W.T (+ bias), W packed by
     pack_linear_weight; float32 or bfloat16, float32 sums, y rounded once. y must not share
     memory with x, packed or bias (ValueError)."""
+def packed_rows(out: Tensor, packed: Tensor, out_features: int, ids: Tensor) -> None:
+    """out [n, in_features] = W[ids] (ids: int64 [n], each in [0, out_features)) read from W's
+    packed form (pack_linear_weight): an embedding lookup from a tied lm_head's panels,
+    bit-identical to the weight's rows. IndexError: an id out of range (nothing written)."""
 class DecoderWeights:
     """A Llama model's decoder weights for decoder_stack, borrowed (kept alive) and checked once:
     per layer (input_norm, post_norm, qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down,

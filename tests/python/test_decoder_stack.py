@@ -57,6 +57,30 @@ def test_stack_matches_the_python_layers_bit_for_bit(tmp_path, pagedllm_linear, 
         assert torch.equal(py_runner.kv.value_cache(layer), st_runner.kv.value_cache(layer))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tied_embedding_is_read_from_the_lm_heads_panels(tmp_path, pagedllm_linear, dtype):
+    # the stack's inputs come from the packed tied matrix (`_core.token_rows`, packed=True)
+    model, config = _load(tmp_path, dtype, tie_word_embeddings=True)
+    assert model.embed_tokens.packed is not None and model.embed_tokens.weight is None
+    python, _ = _run(model, config, False, chunk_size=24)
+    stack, _ = _run(model, config, True, chunk_size=24)
+    assert python.tokens == stack.tokens
+    for a, b in zip(python.logits, stack.logits):
+        assert torch.equal(a, b)
+
+
+def test_stack_inputs_grow_the_rope_tables_past_their_rows(tmp_path, pagedllm_linear):
+    model, _ = _load(tmp_path, max_position_embeddings=8192)
+    for positions in ([0, 5], [3000, 7], [8191], [9000]):  # the tables start at 1,024 rows
+        ids, pos = torch.tensor([3, 250][:len(positions)]), torch.tensor(positions)
+        x, cos, sin = model._token_rows(ids, pos)
+        want_cos, want_sin = model.rotary.tables(pos)
+        assert torch.equal(x, model.embed_tokens(ids))
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    with pytest.raises(IndexError, match="embedding id 256"):
+        model._token_rows(torch.tensor([256]), torch.tensor([0]))
+
+
 @pytest.mark.parametrize("engine", ENGINES + OPT_IN_ENGINES)
 def test_every_cpu_engine(tmp_path, pagedllm_linear, engine):
     use_engine(engine)

@@ -207,6 +207,43 @@ void pack_linear_weight(const PackLinearParams& p) {
   });
 }
 
+void packed_linear_rows(const PackedRowsParams& p) {
+  check_dtype(p.dtype, "packed_linear_rows");
+  check_features("packed_linear_rows", p.out_features, p.in_features);
+  PAGEDLLM_CHECK_ARG(p.rows >= 0, "packed_linear_rows: rows must be >= 0, got " << p.rows);
+  if (p.rows == 0) return;
+  PAGEDLLM_CHECK_ARG(p.packed && p.ids && p.out, "packed_linear_rows: data is null");
+  PAGEDLLM_CHECK_ARG(p.rows == 1 || p.out_row_stride >= p.in_features,
+                     "packed_linear_rows: out row stride " << p.out_row_stride
+                                                           << " must be >= in_features "
+                                                           << p.in_features);
+  for (int64_t i = 0; i < p.rows; ++i) {
+    PAGEDLLM_CHECK_INDEX(p.ids[i] >= 0 && p.ids[i] < p.out_features,
+                         "embedding id " << p.ids[i] << " at row " << i
+                                         << ": expected ids in [0, " << p.out_features << ")");
+  }
+  const int64_t depth = packed_depth(p.dtype, p.in_features);
+  const int64_t per_panel = packed_panel_elements(p.dtype, p.in_features);
+  const int pair = p.dtype == ScalarType::kBFloat16 ? 2 : 1;
+  const int64_t stride = p.rows == 1 ? p.in_features : p.out_row_stride;
+  for (int64_t i = 0; i < p.rows; ++i) {
+    const int64_t panel = p.ids[i] / kLinearPanel, c = p.ids[i] % kLinearPanel;
+    for (int64_t d = 0; d < depth; ++d) {
+      for (int j = 0; j < pair; ++j) {
+        const int64_t k = d * pair + j;
+        if (k >= p.in_features) break;
+        const int64_t src = panel * per_panel + (d * kLinearPanel + c) * pair + j;
+        if (p.dtype == ScalarType::kFloat32) {
+          static_cast<float*>(p.out)[i * stride + k] = static_cast<const float*>(p.packed)[src];
+        } else {
+          static_cast<uint16_t*>(p.out)[i * stride + k] =
+              static_cast<const uint16_t*>(p.packed)[src];
+        }
+      }
+    }
+  }
+}
+
 void linear(const LinearParams& p) {
   validate(p);
   if (p.rows == 0) return;

@@ -21,6 +21,7 @@ target_sources(pagedllm_core PRIVATE
   ${_pagedllm_kernels_dir}/activation.cpp
   ${_pagedllm_kernels_dir}/rope.cpp
   ${_pagedllm_kernels_dir}/argmax.cpp
+  ${_pagedllm_kernels_dir}/token_rows.cpp
   ${_pagedllm_kernels_dir}/fused_rows.cpp
   ${_pagedllm_kernels_dir}/fused_rows_generic.cpp
   ${_pagedllm_kernels_dir}/membw.cpp

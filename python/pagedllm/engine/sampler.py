@@ -20,6 +20,7 @@ import torch
 
 from pagedllm import _core
 from pagedllm.engine.sequence import Sequence
+from pagedllm.model.inference import inference
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -62,7 +63,7 @@ class Sampler:
         self.generator = torch.Generator()
         self.generator.manual_seed(seed)
 
-    @torch.inference_mode()
+    @inference
     def sample(self, logits: torch.Tensor, targets: List[SampleTarget]) -> List[SampleResult]:
         """Draws one token per target.
 
@@ -74,6 +75,11 @@ class Sampler:
         """
         if not targets:
             return []
+        if len(targets) == logits.shape[0] and self._all_plain_greedy(targets, logits.shape[1]):
+            # one plain greedy target per row, in order (the common decode step): the argmax
+            fast = _greedy_tokens(logits)
+            if fast is not None:  # None: a non-finite row, handled below
+                return [SampleResult(tok) for tok in fast]
         row_ids = [t.row for t in targets]
         if row_ids == list(range(logits.shape[0])):
             raw = logits.float()  # one target per row, in order: no gather copy
@@ -153,6 +159,16 @@ class Sampler:
         if not t.params.ignore_eos:
             banned.update(self.eos_token_ids)
         return [b for b in banned if 0 <= b < vocab]
+
+    def _all_plain_greedy(self, targets: List[SampleTarget], vocab: int) -> bool:
+        """Whether target i reads row i and is an argmax of it, for every i: no logprobs, no
+        best_of ranking, and _plain_greedy (one loop, the common decode step's test)."""
+        for i, t in enumerate(targets):
+            p = t.params
+            if (t.row != i or p.logprobs is not None or p.best_of > p.n
+                    or not self._plain_greedy(t, vocab)):
+                return False
+        return True
 
     def _plain_greedy(self, t: SampleTarget, vocab: int) -> bool:
         """Whether t is an argmax of its raw logits: greedy, no penalty, nothing banned."""
@@ -234,11 +250,11 @@ def _greedy_tokens(raw: torch.Tensor) -> Optional[List[int]]:
     Args:
         raw: float32 [S, vocab] on the CPU, one row per target.
     """
-    if (raw.shape[1] == 0 or raw.dtype != torch.float32 or raw.device.type != "cpu"
-            or raw.stride(-1) != 1):
+    rows, vocab = raw.shape
+    if vocab == 0 or raw.dtype != torch.float32 or raw.device.type != "cpu" or raw.stride(1) != 1:
         return None
-    index = torch.empty(raw.shape[0], dtype=torch.long)                     # [S]
-    maxima = torch.empty(raw.shape[0], dtype=torch.float32)                 # [S]
+    index = torch.empty(rows, dtype=torch.long)                             # [S]
+    maxima = torch.empty(rows, dtype=torch.float32)                         # [S]
     if _core.argmax_rows(raw, index, maxima):
         return None
     return index.tolist()

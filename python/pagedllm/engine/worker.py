@@ -238,7 +238,9 @@ class Worker:
         Returns:
             The step's logits on the host.
         """
-        written = out.slot_mapping // self.kv_cache.block_size
+        # the blocks the forward writes matter only to a swap-out (may it overlap the forward?)
+        written = (out.slot_mapping // self.kv_cache.block_size if len(out.transfer.swap_out)
+                   else out.slot_mapping[:0])
         self.transfer.before_forward(out.transfer, written)
         result = self.model_runner.execute(out)
         self.transfer.after_forward(out.transfer)

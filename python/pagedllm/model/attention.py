@@ -10,6 +10,7 @@ q_len of its context_len tokens, attended causally.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Optional
 
 import torch
@@ -48,15 +49,11 @@ class AttentionMetadata:
     cu_seqlens_q_host: Optional[object] = field(default=None, repr=False)
     # Block-sparse decode (pagedllm.sparse.attend.SparseStep); None: every block is read.
     sparse: Optional[object] = field(default=None, repr=False)
-    # Derived once per step (not per layer) by __post_init__.
+    # Derived once per step (not per layer) by __post_init__; the views below on first use
+    # (the decoder stack reads none of them).
     num_seqs: int = field(init=False)
     num_tokens: int = field(init=False)
     num_prefill_seqs: int = field(init=False)
-    decode_block_tables: torch.Tensor = field(init=False, repr=False)
-    decode_context_lens: torch.Tensor = field(init=False, repr=False)
-    prefill_block_tables: torch.Tensor = field(init=False, repr=False)
-    prefill_context_lens: torch.Tensor = field(init=False, repr=False)
-    prefill_cu_seqlens_q: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         _check(self.slot_mapping, "slot_mapping", 1, (torch.int64, torch.int32))
@@ -85,16 +82,36 @@ class AttentionMetadata:
                 f"sequences and end at num_tokens = {self.num_tokens}; got cu[0] = {int(host[0])}, "
                 f"cu[{nd}] = {int(host[nd])}, cu[-1] = {int(host[-1])}")
         self.num_prefill_seqs = self.num_seqs - nd
-        self.decode_block_tables = self.block_tables[:nd]
-        self.decode_context_lens = self.context_lens[:nd]
-        self.prefill_block_tables = self.block_tables[nd:]
-        self.prefill_context_lens = self.context_lens[nd:]
+
+    @cached_property
+    def decode_block_tables(self) -> torch.Tensor:
+        """[num_decode_seqs, W] int32: the decode sequences' block tables."""
+        return self.block_tables[:self.num_decode_seqs]
+
+    @cached_property
+    def decode_context_lens(self) -> torch.Tensor:
+        """[num_decode_seqs] int32."""
+        return self.context_lens[:self.num_decode_seqs]
+
+    @cached_property
+    def prefill_block_tables(self) -> torch.Tensor:
+        """[num_prefill_seqs, W] int32."""
+        return self.block_tables[self.num_decode_seqs:]
+
+    @cached_property
+    def prefill_context_lens(self) -> torch.Tensor:
+        """[num_prefill_seqs] int32."""
+        return self.context_lens[self.num_decode_seqs:]
+
+    @cached_property
+    def prefill_cu_seqlens_q(self) -> torch.Tensor:
+        """[num_prefill_seqs + 1] int32: the prefill sequences' prefix sums, from 0."""
+        nd, cu = self.num_decode_seqs, self.cu_seqlens_q
         if not nd:
-            self.prefill_cu_seqlens_q = cu
-        elif self.num_prefill_seqs:
-            self.prefill_cu_seqlens_q = cu[nd:] - nd
-        else:  # decode only: [0] (cu[0]), a view, no tensor op
-            self.prefill_cu_seqlens_q = cu[:1]
+            return cu
+        if self.num_prefill_seqs:
+            return cu[nd:] - nd
+        return cu[:1]  # decode only: [0] (cu[0]), a view, no tensor op
 
 
 def _check(t: torch.Tensor, name: str, dim: int, dtypes: tuple[torch.dtype, ...]) -> None:

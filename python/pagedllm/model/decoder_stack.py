@@ -45,6 +45,9 @@ class DecoderStack:
     """
 
     def __init__(self, weights, eps: float, scale: float) -> None:
+        from pagedllm import _core
+
+        self._core = _core
         self.weights = weights
         self.eps = eps
         self.scale = scale
@@ -79,8 +82,8 @@ class DecoderStack:
     @staticmethod
     def serves(x: torch.Tensor, meta: "AttentionMetadata", kv: "PagedKVCache") -> bool:
         """Whether this step can run here: CPU tensors, dense decode, no key-bounds pool."""
-        return (meta.sparse is None and x.device.type == "cpu"
-                and kv.key_cache(0).device.type == "cpu" and kv.key_bounds(0) is None)
+        return (meta.sparse is None and x.device.type == "cpu" and kv.device.type == "cpu"
+                and not kv.has_key_bounds)
 
     def _workspace_for(self, num_tokens: int) -> torch.Tensor:
         need = self.weights.workspace_bytes(num_tokens)
@@ -100,14 +103,10 @@ class DecoderStack:
         Returns:
             [num_tokens, hidden_size]: the final RMSNorm of the residual stream.
         """
-        from pagedllm import _core
-
-        n = x.shape[0]
         out = torch.empty_like(x)
-        layers = range(self.weights.num_layers)
-        _core.decoder_stack(self.weights, out, x, cos, sin, meta.slot_mapping, meta.block_tables,
-                            meta.context_lens, meta.cu_seqlens_q, meta.num_decode_seqs,
-                            [kv.key_cache(i) for i in layers], [kv.value_cache(i) for i in layers],
-                            kv.kernel_kv_dtype, kv.k_scale, kv.v_scale, self.eps, self.scale,
-                            self._workspace_for(n))
+        self._core.decoder_stack(self.weights, out, x, cos, sin, meta.slot_mapping,
+                                 meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
+                                 meta.num_decode_seqs, kv.key_caches, kv.value_caches,
+                                 kv.kernel_kv_dtype, kv.k_scale, kv.v_scale, self.eps, self.scale,
+                                 self._workspace_for(x.shape[0]))
         return out

@@ -77,6 +77,11 @@ class PagedKVCache:
         dtype: the model dtype, which "auto" means.
         device: where the pool lives (the CPU, or a GPU for the CUDA kernels).
         key_bounds: also keep each block's per-layer key min/max (see module doc).
+
+    Attributes:
+        key_caches, value_caches: per layer, the [num_blocks, num_kv_heads, block_size,
+            head_dim] views of the pool (tuples made once; key_cache(i) is key_caches[i]).
+        has_key_bounds: whether the pool keeps the key bounds.
     """
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
@@ -101,9 +106,10 @@ class PagedKVCache:
                                      dtype=self.storage_dtype, device=device)
         self.device = self.pool.device
         # per layer: [num_blocks, num_kv_heads, block_size, head_dim] views, made once.
-        self._key_caches = [self.pool[:, i, 0] for i in range(self.num_layers)]
-        self._value_caches = [self.pool[:, i, 1] for i in range(self.num_layers)]
+        self.key_caches = tuple(self.pool[:, i, 0] for i in range(self.num_layers))
+        self.value_caches = tuple(self.pool[:, i, 1] for i in range(self.num_layers))
         # per layer: ([num_blocks, num_kv_heads, head_dim] min, max) views, or None
+        self.has_key_bounds = key_bounds
         self._bounds = [(self.pool[:, self.num_layers + i // block_size, 0, :, i % block_size],
                          self.pool[:, self.num_layers + i // block_size, 1, :, i % block_size])
                         if key_bounds else None for i in range(self.num_layers)]
@@ -127,11 +133,11 @@ class PagedKVCache:
 
     def key_cache(self, layer: int) -> torch.Tensor:
         """Keys of `layer`: [num_blocks, num_kv_heads, block_size, head_dim] view of the pool."""
-        return self._key_caches[layer]
+        return self.key_caches[layer]
 
     def value_cache(self, layer: int) -> torch.Tensor:
         """Values of `layer`: [num_blocks, num_kv_heads, block_size, head_dim] view of the pool."""
-        return self._value_caches[layer]
+        return self.value_caches[layer]
 
     def key_bounds(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Per-block key (min, max) of `layer`, [num_blocks, num_kv_heads, head_dim] views of

@@ -26,6 +26,7 @@ from pagedllm.model import packed_linear
 from pagedllm.model.attention import AttentionMetadata, paged_attention
 from pagedllm.model.config import ModelConfig
 from pagedllm.model.decoder_stack import DecoderStack, enabled as decoder_stack_enabled
+from pagedllm.model.inference import inference
 from pagedllm.model.kv_cache import PagedKVCache
 from pagedllm.model.rope import RotaryEmbedding
 
@@ -272,6 +273,7 @@ class LlamaForCausalLM(nn.Module):
         # after the weights are packed; False: not built yet, None: not used (it cannot serve
         # this model, or PAGEDLLM_DECODER_STACK=0 when the model was made or packed).
         self._stack: Optional[DecoderStack] | bool = False if decoder_stack_enabled() else None
+        self._rope_rows = 1  # RoPE table rows the last step needed (_token_rows)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -340,7 +342,7 @@ class LlamaForCausalLM(nn.Module):
         self._stack = False if decoder_stack_enabled() else None
         return packed
 
-    @torch.inference_mode()
+    @inference
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv: PagedKVCache, inputs_embeds: Optional[torch.Tensor] = None,
                 observer=None) -> torch.Tensor:
@@ -370,6 +372,12 @@ class LlamaForCausalLM(nn.Module):
         if kv.num_layers != len(self.layers):
             raise ValueError(f"the KV cache has {kv.num_layers} layers, the model "
                              f"{len(self.layers)}")
+        if observer is None and self._stack is False:
+            self._stack = self.build_decoder_stack()
+        if (inputs_embeds is None and observer is None and self._stack is not None
+                and input_ids.device.type == "cpu" and DecoderStack.serves(input_ids, meta, kv)):
+            x, cos, sin = self._token_rows(input_ids, positions)
+            return self._stack.run(x, cos, sin, meta, kv)
         # x: [num_tokens, hidden_size]
         if inputs_embeds is None:
             x = self.embed_tokens(input_ids)
@@ -380,8 +388,6 @@ class LlamaForCausalLM(nn.Module):
             x = inputs_embeds
         # cos, sin: [num_tokens, 1, head_dim], shared by every layer
         cos, sin = self.rotary.tables(positions, self.dtype)
-        if observer is None and self._stack is False:
-            self._stack = self.build_decoder_stack()
         if observer is None and self._stack is not None and DecoderStack.serves(x, meta, kv):
             return self._stack.run(x.contiguous(), cos, sin, meta, kv)
         if observer is None and all(type(m) is LlamaDecoderLayer for m in self.layers):
@@ -400,7 +406,33 @@ class LlamaForCausalLM(nn.Module):
             observer.after_layer(i, x)
         return self.norm(x)
 
-    @torch.inference_mode()
+    def _token_rows(self, input_ids: torch.Tensor, positions: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decoder stack's inputs in one kernel call (`_core.token_rows`): the tokens'
+        embeddings and RoPE rows, the same rows embed_tokens and rotary.tables give.
+
+        Args:
+            input_ids, positions: [num_tokens] int64 on the CPU.
+        Returns:
+            x [num_tokens, hidden_size], cos and sin [num_tokens, 1, head_dim].
+        """
+        emb, n = self.embed_tokens, input_ids.shape[0]
+        table = emb.packed.data if emb.packed is not None else emb.weight
+        ids = input_ids if input_ids.dtype == torch.int64 else input_ids.long()
+        pos = positions if positions.dtype == torch.int64 else positions.long()
+        x = table.new_empty((n, self.config.hidden_size))
+        cos = table.new_empty((n, 1, self.config.head_dim))
+        sin = table.new_empty((n, 1, self.config.head_dim))
+        rows = self._rope_rows
+        while True:
+            cos_t, sin_t = self.rotary.table_rows(rows, self.dtype)
+            need = ops._core.token_rows(x, cos, sin, ids, pos, table, self.config.vocab_size,
+                                        emb.packed is not None, cos_t, sin_t)
+            if not need:
+                return x, cos, sin
+            rows = self._rope_rows = need  # a position past the tables: grow them, again
+
+    @inference
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of the given rows of forward's output.
 

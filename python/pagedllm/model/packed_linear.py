@@ -60,9 +60,6 @@ MIN_PACKED_ELEMENTS = 1 << 16
 # engine whose step sizes vary from 1 to thousands of tokens reuses a few hundred primitives.
 EXACT_ROWS = 16
 
-# Output columns per panel of the "pagedllm" layout (kLinearPanel in pagedllm/kernels/linear.h).
-PANEL = 16
-
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
@@ -292,20 +289,13 @@ def gather_rows(packed: PackedWeight, ids: torch.Tensor) -> torch.Tensor:
                          f"expected one packed by 'pagedllm'")
     if ids.dim() != 1:
         raise ValueError(f"gather_rows: ids {list(ids.shape)}: expected a 1-D index vector")
-    k = packed.in_features
-    if ids.numel() == 0:
-        return packed.data.new_empty((0, k))
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= packed.out_features:
-        raise IndexError(f"embedding ids span [{lo}, {hi}]: expected ids in "
-                         f"[0, {packed.out_features})")
-    pair = 2 if packed.dtype == torch.bfloat16 else 1
-    depth = -(-k // pair)
-    # [panels, depth, 16, pair]: column c of panel p is weight row 16 p + c (see linear.h)
-    panels = packed.data.view(-1, depth, PANEL, pair)
-    ids = ids.long()
-    rows = panels[ids // PANEL, :, ids % PANEL, :]  # [n, depth, pair]
-    return rows.reshape(ids.shape[0], depth * pair)[:, :k]
+    out = packed.data.new_empty((ids.shape[0], packed.in_features))
+    if ids.dtype != torch.int64 or ids.device.type != "cpu" or ids.stride(0) != 1:
+        ids = ids.to("cpu", torch.int64).contiguous()
+    # [panels, depth, 16, pair] (see linear.h), read back row by row in C++; IndexError (the
+    # kernel's) for an id outside [0, out_features), before anything is written
+    _core_module().packed_rows(out, packed.data, packed.out_features, ids)
+    return out
 
 
 def linear(x: torch.Tensor, packed: PackedWeight, bias: Optional[torch.Tensor]) -> torch.Tensor:

@@ -90,6 +90,17 @@ class RotaryEmbedding(torch.nn.Module):
         sin2 = torch.cat((-sin, sin), dim=-1).to(dtype)
         return cos2, sin2
 
+    def table_rows(self, size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The CPU tables themselves (rows to gather by position, as tables() does).
+
+        Args:
+            size: rows needed (the largest position + 1).
+            dtype: the dtype of the q/k the tables will be applied to.
+        Returns:
+            cos, sin: [>= size, 1, head_dim] contiguous, row p for position p.
+        """
+        return self._tables(size, dtype)
+
     def _tables(self, size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos / sin rows [>= size, 1, head_dim] in dtype for positions 0.. (CPU)."""
         key = (self.inv_freq._version, self.inv_freq.data_ptr())

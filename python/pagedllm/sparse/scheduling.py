@@ -42,6 +42,13 @@ class SparseScheduling:
         own = getattr(params, "sparse_attention", None)
         return own if own is not None else self.default
 
+    def any_sparse(self, params: Sequence[Any]) -> bool:
+        """Whether any of these decode rows' requests (None: a prompt row) may attend
+        sparsely: an engine default, or a request's own config."""
+        if self.default is not None:
+            return any(p is not None for p in params)
+        return any(getattr(p, "sparse_attention", None) is not None for p in params)
+
     def check_request(self, params: Any) -> None:
         """Raises ValueError for a request whose config this engine cannot serve.
 
@@ -76,6 +83,8 @@ class SparseScheduling:
         Returns:
             Blocks dropped from the tables.
         """
+        if not self.any_sparse(params):
+            return 0
         dropped = 0
         for seq_id, p, n in zip(seq_ids.tolist(), params, context_lens.tolist()):
             cfg = self.config_for(p)
@@ -133,14 +142,17 @@ class SparseScheduling:
         Returns:
             The plan, or None when every sequence reads all its blocks.
         """
-        configs = [self.config_for(p) for p in params]
         plan = None
-        if any(c is not None and c.enabled for c in configs):
-            plan = plan_step(configs, context_lens, self.block_size, self.force_plan)
-        used = -(-context_lens.astype(np.int64) // self.block_size)
+        if self.any_sparse(params):
+            configs = [self.config_for(p) for p in params]
+            if any(c is not None and c.enabled for c in configs):
+                plan = plan_step(configs, context_lens, self.block_size, self.force_plan)
         if self.blocks_dropped_total == 0:  # no table has a dropped block: each holds `used`
-            held = int(used.sum())
+            bs = self.block_size
+            held = (sum((n + bs - 1) // bs for n in context_lens.tolist()) if len(params) < 32
+                    else int(((context_lens.astype(np.int64) + bs - 1) // bs).sum()))
         else:
+            used = -(-context_lens.astype(np.int64) // self.block_size)
             cols = np.arange(tables.shape[1] if tables.ndim == 2 else 0)
             held = int(((tables >= 0) & (cols[None, :] < used[:, None])).sum()) if len(used) else 0
         read = plan.blocks_read if plan is not None else held

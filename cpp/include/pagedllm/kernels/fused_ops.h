@@ -78,6 +78,28 @@ struct ArgmaxParams {
   float* max_value = nullptr;     // [rows]
 };
 
+// A step's input rows, gathered in one pass: each token's embedding (a dense [vocab, hidden]
+// matrix, or the panels of a tied lm_head packed by pack_linear_weight) and its RoPE rows from
+// pagedllm.model.rope's tables. Copies only: bit-identical to the tables' rows.
+struct TokenRowsParams {
+  ScalarType dtype = ScalarType::kFloat32;  // float32 or bfloat16: embedding, tables, outputs
+  const int64_t* ids = nullptr;             // [num_tokens], each in [0, vocab)
+  const int64_t* positions = nullptr;       // [num_tokens], each >= 0
+  int64_t num_tokens = 0;
+  const void* embedding = nullptr;          // [vocab, hidden] rows, or packed (below)
+  int64_t embedding_row_stride = 0;         // elements (dense only), >= hidden
+  bool embedding_packed = false;            // pack_linear_weight's [vocab, hidden] panels
+  int32_t vocab = 0;                        // >= 1
+  int32_t hidden = 0;                       // >= 1
+  const void* cos_table = nullptr;          // [table_rows, head_dim] contiguous
+  const void* sin_table = nullptr;          // [table_rows, head_dim] contiguous
+  int64_t table_rows = 0;                   // >= 0
+  int32_t head_dim = 0;                     // >= 1
+  void* x = nullptr;                        // [num_tokens, hidden] contiguous
+  void* cos = nullptr;                      // [num_tokens, head_dim] contiguous
+  void* sin = nullptr;                      // [num_tokens, head_dim] contiguous
+};
+
 // x += delta (if given), then out = RMSNorm(x) per row (see AddRMSNormParams).
 void add_rms_norm(const AddRMSNormParams& p);
 
@@ -86,6 +108,12 @@ void silu_and_mul(const SiluAndMulParams& p);
 
 // RoPE in place on every head of every token (see RotaryParams).
 void rotary_embedding(const RotaryParams& p);
+
+// Gathers a step's input rows (see TokenRowsParams). Returns 0, or, writing nothing, the table
+// rows the largest position needs when that is more than table_rows (grow the tables and call
+// again). Throws, writing nothing, on bad sizes, an id outside [0, vocab) or a negative position
+// (ErrorKind::kOutOfRange).
+int64_t gather_token_rows(const TokenRowsParams& p);
 
 // Fills index / max_value per row (see ArgmaxParams). Returns how many rows have a maximum that
 // is not a finite float above the lowest one (NaN, +-inf, or the lowest float): for the other

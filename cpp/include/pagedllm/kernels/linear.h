@@ -51,6 +51,19 @@ struct LinearParams {
   int64_t y_row_stride = 0;                 // elements, >= out_features
 };
 
+// out[i, :] = W[ids[i], :] read back from W's packed form (an embedding lookup served from a
+// tied lm_head's panels): bit-identical to the weight's rows.
+struct PackedRowsParams {
+  ScalarType dtype = ScalarType::kFloat32;  // float32 or bfloat16: packed and out
+  const void* packed = nullptr;             // pack_linear_weight's output
+  int32_t out_features = 0;                 // >= 1, as packed (the rows ids index)
+  int32_t in_features = 0;                  // >= 1, as packed (each row's length)
+  const int64_t* ids = nullptr;             // [rows], each in [0, out_features)
+  int64_t rows = 0;                         // >= 0
+  void* out = nullptr;                      // [rows, in_features]
+  int64_t out_row_stride = 0;               // elements, >= in_features
+};
+
 // Elements (of dtype) of the packed form of a [out_features, in_features] weight; throws on a
 // dtype other than float32 / bfloat16 or a non-positive size.
 int64_t packed_linear_elements(ScalarType dtype, int64_t out_features, int64_t in_features);
@@ -62,6 +75,10 @@ void pack_linear_weight(const PackLinearParams& p);
 // y = x W^T (+ bias), see LinearParams. Throws, writing nothing, on bad sizes or strides, or
 // when y overlaps x, packed or bias.
 void linear(const LinearParams& p);
+
+// Copies rows of a packed weight out, see PackedRowsParams. Throws, writing nothing, on bad
+// sizes or strides, or an id outside [0, out_features) (ErrorKind::kOutOfRange).
+void packed_linear_rows(const PackedRowsParams& p);
 
 // The kernel linear() runs for dtype on this CPU: "avx512", "avx512_bf16", "avx2" or "generic".
 const char* linear_kernel(ScalarType dtype);
