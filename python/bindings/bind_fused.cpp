@@ -2,6 +2,8 @@
 // fused_add_rms_norm, silu_and_mul, rotary_embedding. Shapes, dtypes, devices and layouts are
 // checked here one line at a time, then the GIL is released for the work.
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "bindings.h"
 #include "dlpack_tensor.h"
@@ -153,6 +155,33 @@ int64_t argmax_rows(py::handle x, py::handle index, py::handle max_value) {
   return k::argmax_rows(p);
 }
 
+// Greedy sampling's tokens: argmax_rows into buffers of its own, handed back as a list (None
+// when a row needs the exact non-finite handling), so a step makes no index tensors.
+py::object greedy_tokens(py::handle x) {
+  const Tensor xt(x, "x");
+  xt.require_cpu();
+  PAGEDLLM_CHECK_ARG(xt.dtype() == DType::kFloat32, "x must be float32, got " << xt.describe());
+  xt.require_ndim(2);
+  k::ArgmaxParams p;
+  p.rows = xt.size(0);
+  p.cols = xt.size(1);
+  p.x_row_stride = row_stride(xt, p.rows, p.cols, "x");
+  std::vector<int64_t> index(static_cast<size_t>(p.rows));
+  std::vector<float> maxima(static_cast<size_t>(p.rows));
+  p.x = static_cast<const float*>(xt.data());
+  p.index = index.data();
+  p.max_value = maxima.data();
+  int64_t bad = 0;
+  {
+    py::gil_scoped_release release;
+    bad = k::argmax_rows(p);
+  }
+  if (bad) return py::none();
+  py::list out(static_cast<size_t>(p.rows));
+  for (int64_t r = 0; r < p.rows; ++r) out[static_cast<size_t>(r)] = py::int_(index[r]);
+  return std::move(out);
+}
+
 // Checks t holds `rows` x `cols` contiguous elements of dtype (any rank: [rows, 1, cols] too).
 void check_contiguous_rows(const Tensor& t, DType dtype, int64_t rows, int64_t cols) {
   t.require_cpu();
@@ -233,6 +262,10 @@ void bind_fused_kernels(py::module_& m) {
         "transposed, as long as no two heads overlap): "
         "x = x * cos + swap_halves(x) * sin with cos / sin [num_tokens, (1,) head_dim] "
         "(sin's first half negated: pagedllm.model.rope's tables); float32 or bfloat16.");
+  m.def("greedy_tokens", &greedy_tokens, py::arg("x"),
+        "Per row of float32 x [rows, cols] the index of its first maximum, as a list of ints; "
+        "None when a row's maximum is not a finite float above the lowest one (NaN, +-inf: "
+        "those rows need the exact non-finite handling). argmax_rows without index tensors.");
   m.def("token_rows", &token_rows, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("ids"),
         py::arg("positions"), py::arg("embedding"), py::arg("vocab"), py::arg("packed"),
         py::arg("cos_table"), py::arg("sin_table"),

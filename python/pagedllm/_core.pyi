@@ -1,6 +1,6 @@
 """Typed stubs of the pagedllm._core extension (C++ core, pybind11)."""
 
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -181,6 +181,10 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor) -> None:
     [heads, tokens, head_dim] tensor, as long as no two heads overlap):
     x = x * cos + swap_halves(x) * sin with cos / sin [num_tokens, (1,) head_dim] (sin's first
     half negated: pagedllm.model.rope's tables); float32 or bfloat16."""
+def greedy_tokens(x: Tensor) -> Optional[List[int]]:
+    """Per row of float32 x [rows, cols] the index of its first maximum, as a list of ints;
+    None when a row's maximum is not a finite float above the lowest one (NaN, +-inf: those
+    rows need the exact non-finite handling). argmax_rows without index tensors."""
 def argmax_rows(x: Tensor, index: Tensor, max_value: Tensor) -> int:
     """Per row of float32 x [rows, cols]: index (int64 [rows]) of its first maximum and
     max_value (float32 [rows]; NaN if the row holds one). Returns how many rows have a maximum

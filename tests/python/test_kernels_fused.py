@@ -215,6 +215,7 @@ def test_argmax_rows_first_maximum(engine, rows, cols):
     assert _core.argmax_rows(x, index, maxima) == 0
     assert index.tolist() == _argmax_reference(x.tolist())
     assert torch.equal(maxima, x.max(dim=-1).values)
+    assert _core.greedy_tokens(x) == index.tolist()  # the same, as a list
 
 
 def test_argmax_rows_counts_rows_needing_the_exact_path(engine):
@@ -230,6 +231,11 @@ def test_argmax_rows_counts_rows_needing_the_exact_path(engine):
     assert _core.argmax_rows(x, index, maxima) == 4             # NaN, +inf, -inf, lowest rows
     assert index[:2].tolist() == [1, 2] and index[3] == 1 and index[4] == 0
     assert torch.isnan(maxima[2]) and maxima[3] == float("inf")
+    assert _core.greedy_tokens(x) is None                       # some row needs the exact path
+    assert _core.greedy_tokens(x[:2]) == [1, 2]
+    assert _core.greedy_tokens(torch.empty(0, 4)) == []
+    with pytest.raises(ValueError, match="float32"):
+        _core.greedy_tokens(x.double())
 
 
 # --- argument checks: a clear ValueError, nothing written ---------------------------------------

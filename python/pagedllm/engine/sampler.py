@@ -164,9 +164,14 @@ class Sampler:
         """Whether target i reads row i and is an argmax of it, for every i: no logprobs, no
         best_of ranking, and _plain_greedy (one loop, the common decode step's test)."""
         for i, t in enumerate(targets):
-            p = t.params
-            if (t.row != i or p.logprobs is not None or p.best_of > p.n
-                    or not self._plain_greedy(t, vocab)):
+            p, req = t.params, t.seq.request
+            if t.row != i:
+                return False
+            if p is req.params:  # the request's flag, set once (Request.plain_greedy)
+                if not req.plain_greedy or (t.seq.num_output_tokens < p.min_tokens
+                                            and self._banned(t, vocab)):
+                    return False
+            elif p.logprobs is not None or p.best_of > p.n or not self._plain_greedy(t, vocab):
                 return False
         return True
 
@@ -250,14 +255,10 @@ def _greedy_tokens(raw: torch.Tensor) -> Optional[List[int]]:
     Args:
         raw: float32 [S, vocab] on the CPU, one row per target.
     """
-    rows, vocab = raw.shape
-    if vocab == 0 or raw.dtype != torch.float32 or raw.device.type != "cpu" or raw.stride(1) != 1:
+    if (raw.shape[1] == 0 or raw.dtype != torch.float32 or raw.device.type != "cpu"
+            or raw.stride(1) != 1):
         return None
-    index = torch.empty(rows, dtype=torch.long)                             # [S]
-    maxima = torch.empty(rows, dtype=torch.float32)                         # [S]
-    if _core.argmax_rows(raw, index, maxima):
-        return None
-    return index.tolist()
+    return _core.greedy_tokens(raw)
 
 
 def _keep_finite(x: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:

@@ -129,6 +129,8 @@ class Request:
         prompt_token_ids: the prompt's token ids.
         params: the sampling parameters.
         extra_key: prefix-cache key separating tenants / adapters (0 = shared).
+        plain_greedy: each draw is the argmax of the raw logits while no token is banned
+            (greedy, no penalty, no logprobs, no best_of ranking): the sampler's fast path.
         group: requests with a group are admitted fairly between groups (fewest running
             sequences first), so one client's many prompts cannot starve another's one.
         seqs: the sequences (1 until the prompt is computed, then best_of).
@@ -154,6 +156,11 @@ class Request:
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
+        # a draw is the argmax of the raw logits (the sampler's fast path) while no token is
+        # banned: greedy, no penalty, no logprobs, no best_of ranking
+        self.plain_greedy = (params.greedy and params.repetition_penalty == 1.0
+                             and params.frequency_penalty == 0.0 and params.presence_penalty == 0.0
+                             and params.logprobs is None and params.best_of <= params.n)
         self.extra_key = extra_key
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.arrival_seq = next(_arrivals)
