@@ -149,6 +149,9 @@ class _Step:
     loads: List[Tuple[bytes, int]] = field(default_factory=list)
     stores: List[Tuple[int, bytes]] = field(default_factory=list)
     preempted: List[Sequence] = field(default_factory=list)
+    # the running sequences' fast path (every one decodes a token): (seq_ids int64, starts
+    # int64, tokens int32) of entries[:k], whose k slots are slots[0], one array
+    decode: Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]] = None
 
     def add(self, seq: Sequence, start: int, n: int, slots: np.ndarray, cow: np.ndarray) -> None:
         self.entries.append(ScheduledSeq(seq, start, n))
@@ -364,17 +367,20 @@ class Scheduler:
         if all(s.num_tokens - s.num_computed_tokens == 1 and not (
                 s.request.images and s.num_computed_tokens < s.num_prompt_tokens)
                for s in todo) and len(todo) <= budget:
-            ids = np.fromiter((s.seq_id for s in todo), dtype=np.int64, count=len(todo))
-            toks = np.fromiter((s.token_ids[-1] for s in todo), dtype=np.int32, count=len(todo))
-            res = self.kv.append_batch(ids, np.ones(len(todo), dtype=np.int32), toks)
+            n = len(todo)
+            ids = np.fromiter((s.seq_id for s in todo), dtype=np.int64, count=n)
+            toks = np.fromiter((s.token_ids[-1] for s in todo), dtype=np.int32, count=n)
+            res = self.kv.append_batch(ids, np.ones(n, dtype=np.int32), toks)
             if res is not None:
                 all_slots, pairs = res
-                for i, s in enumerate(todo):
-                    step.entries.append(ScheduledSeq(s, s.num_computed_tokens, 1))
-                    step.slots.append(all_slots[i:i + 1])
+                starts = np.fromiter((s.num_computed_tokens for s in todo), dtype=np.int64,
+                                     count=n)
+                step.entries.extend([ScheduledSeq(s, s.num_computed_tokens, 1) for s in todo])
+                step.slots.append(all_slots)  # the n entries' slots, one array (_Step.decode)
+                step.decode = (ids, starts, toks)
                 if len(pairs):
                     step.cow.append(pairs)
-                return budget - len(todo)
+                return budget - n
         # Slow path: one sequence at a time, preempting the latest arrivals when out of blocks.
         i = 0
         while i < len(self.running) and budget > 0:
@@ -715,8 +721,14 @@ class Scheduler:
         and builds the arrays the worker consumes."""
         entries, slots = step.entries, step.slots
         num_seqs = len(entries)
-        num_decode = sum(1 for e in entries if e.num_new_tokens == 1)
-        starts = np.fromiter((e.start for e in entries), dtype=np.int64, count=num_seqs)
+        fast = step.decode is not None and len(step.decode[0]) == num_seqs  # nothing else added
+        num_decode = num_seqs if fast else sum(1 for e in entries if e.num_new_tokens == 1)
+        if fast:  # the running sequences' fast path: its arrays, no pass over the entries
+            seq_ids, starts, toks = step.decode
+        else:
+            starts = np.fromiter((e.start for e in entries), dtype=np.int64, count=num_seqs)
+            if step.decode is not None:  # one slot array for the fast path's entries: split
+                slots = [slots[0][i:i + 1] for i in range(len(step.decode[0]))] + slots[1:]
         if num_decode == num_seqs:  # decode rows only (the common step): nothing to reorder
             q_lens = np.ones(num_seqs, dtype=np.int32)
             cu = np.arange(num_seqs + 1, dtype=np.int32)
@@ -731,7 +743,10 @@ class Scheduler:
             q_lens.cumsum(out=cu[1:])
         num_tokens = int(cu[-1])
         # input_ids / positions: [num_tokens]
-        if num_decode == num_seqs:
+        if fast:  # a decode row's input is its last token
+            input_ids = toks.astype(np.int64)
+            positions = starts
+        elif num_decode == num_seqs:
             input_ids = np.fromiter((e.seq.token_ids[e.start] for e in entries), dtype=np.int64,
                                     count=num_seqs)
             positions = starts
@@ -773,8 +788,9 @@ class Scheduler:
             else:
                 targets.append(SampleTarget(row, seq, req.params))
 
-        seq_ids = np.fromiter((e.seq.seq_id for e in entries), dtype=np.int64, count=num_seqs)
-        context_lens = (starts + q_lens).astype(np.int32)
+        if not fast:
+            seq_ids = np.fromiter((e.seq.seq_id for e in entries), dtype=np.int64, count=num_seqs)
+        context_lens = np.add(starts, q_lens, dtype=np.int32, casting="unsafe")
         # one-token rows still in the prompt (a last chunk, a recomputed cached token): dense
         decode_params = [e.seq.request.params if e.start >= e.seq.num_prompt_tokens else None
                          for e in entries[:num_decode]]
@@ -792,7 +808,8 @@ class Scheduler:
             num_decode_seqs=num_decode,
             input_ids=input_ids,
             positions=positions,
-            slot_mapping=np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64),
+            slot_mapping=(slots[0] if len(slots) == 1 else np.concatenate(slots) if slots
+                          else np.zeros(0, dtype=np.int64)),
             block_tables=tables,
             context_lens=context_lens,
             cu_seqlens_q=cu,
