@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -100,6 +101,7 @@ def bench_model(preset: str, rounds: int, threads: int, quick: bool) -> dict:
     
     with open(trace) as f:
         spans_per_run = sum(1 for e in json.load(f)["traceEvents"] if e.get("ph") == "X")
+    shutil.rmtree(tmp, ignore_errors=True)  # the trace files (each run rewrote them)
     result = {"preset": preset, "prompts": n, "prompt_len": [lo, hi], "output_len": out_len,
               "generated_tokens": n * out_len, "rounds": rounds, "threads": threads,
               "load_avg_1m": [round(x, 2) for x in loads], "spans_per_layers_run": spans_per_run,
@@ -140,13 +142,14 @@ def span_cost_ns(n: int = 200_000) -> dict:
         with rec.span("forward"):
             pass
     events = rec.drain()
-    writer = ChromeTraceWriter(os.path.join(tempfile.mkdtemp(), "w.json"), time.perf_counter_ns())
     batches = []
-    for _ in range(5):
-        c0 = time.process_time()
-        writer.write(events)
-        batches.append((time.process_time() - c0) / len(events) * 1e9)
-    writer.close()
+    with tempfile.TemporaryDirectory() as tmp:
+        writer = ChromeTraceWriter(os.path.join(tmp, "w.json"), time.perf_counter_ns())
+        for _ in range(5):
+            c0 = time.process_time()
+            writer.write(events)
+            batches.append((time.process_time() - c0) / len(events) * 1e9)
+        writer.close()
     out["written"] = round(statistics.median(batches), 1)
     return out
 
