@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -84,6 +85,7 @@ def main(argv=None) -> list:
             "image_tokens": n_img, "kv_bytes_per_image_fp32": n_img * per_token})
         print(json.dumps(results[-1]))
         llm.engine.shutdown()
+    shutil.rmtree(path, ignore_errors=True)  # the random checkpoint
     return results
 
 

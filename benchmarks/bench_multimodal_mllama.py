@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 
 _TEXT = dict(vocab_size=1024, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
@@ -86,4 +87,5 @@ def run(requests: int, quick: bool) -> list:
             **real_size_kv_bytes()})
         print(json.dumps(results[-1]))
         eng.shutdown()
+    shutil.rmtree(path, ignore_errors=True)  # the random checkpoint
     return results
