@@ -90,7 +90,8 @@ class OutputProcessor:
         """The request's current state as vLLM's RequestOutput.
 
         With best_of > n, the n completions of highest cumulative logprob are returned once the
-        request has finished (all best_of samples while it runs).
+        request has finished (all best_of samples while it runs). The prompt_token_ids list is
+        one copy shared by the request's outputs (a stream of long prompts copied it per step).
         """
         seqs = list(req.seqs)
         finished = req.finished
@@ -115,6 +116,8 @@ class OutputProcessor:
             metrics["first_token_time"] = req.first_token_time
         if req.finish_time is not None:
             metrics["finish_time"] = req.finish_time
-        return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids),
+        if req.prompt_ids_out is None:  # one copy per request, not one per streamed step
+            req.prompt_ids_out = list(req.prompt_token_ids)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_ids_out,
                              list(req.prompt_logprobs) if req.prompt_logprobs is not None else None,
                              outputs, finished, metrics, req.error)

@@ -169,6 +169,7 @@ class Request:
         self.beam: Any = None  # BeamSearchState for beam-search requests
         self.forked = False
         self.prompt_token_mask: Any = None  # [vocab] bool, made once by the sampler if needed
+        self.prompt_ids_out: Optional[List[int]] = None  # the outputs' copy of the prompt ids
         self.prompt_logprobs: Optional[list] = [None] if params.prompt_logprobs is not None else None
         self.block_hashes: Any = None  # uint64 [full prompt blocks], made once at admission
         self.persistent_keys: Optional[list] = None  # disk-tier keys of full prompt blocks
