@@ -85,6 +85,20 @@ def test_per_request_override(engine_model_dir, prompts, dense_outputs):  # noqa
     assert off.token_ids == dense_outputs[1].token_ids
     _assert_no_leak(llm)
     _assert_no_leak(llm2)
+    # a dense engine asks per row only while a request with its own config is alive
+    sched = llm.engine.scheduler
+    assert not sched.sparse.maybe_sparse
+    llm.engine.add_request("own", {"prompt_token_ids": prompts[0]},
+                           SamplingParams(**GREEDY, sparse_attention=cfg))
+    llm.engine.add_request("gone", {"prompt_token_ids": prompts[1]},
+                           SamplingParams(**GREEDY, sparse_attention=cfg))
+    assert sched.sparse.maybe_sparse
+    llm.engine.abort_request("gone")
+    llm.engine.step()
+    assert sched.sparse.maybe_sparse
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    assert not sched.sparse.maybe_sparse
 
 
 def test_forks_share_and_free(engine_model_dir, prompts):  # noqa: F811

@@ -220,6 +220,7 @@ class Scheduler:
             req.beam = beam_search.BeamSearchState(beam)
         self.sparse.check_request(req.params)
         self.requests[req.request_id] = req
+        self.sparse.track(req.request_id, req.params)
         if req.images:
             self.encoder.add_request(req.images)
         if req.cross_images:
@@ -228,7 +229,7 @@ class Scheduler:
 
     def abort_request(self, request_id: str) -> None:
         """Finishes every sequence of a request as "abort" and frees its blocks (no output)."""
-        req = self.requests.pop(request_id, None)
+        req = self._drop_request(request_id)
         if req is None:
             return
         for seq in req.seqs:
@@ -245,8 +246,13 @@ class Scheduler:
         if req.beam is not None:
             req.beam.done = True
             return  # kept until pop_finished_beam reports it
-        del self.requests[req.request_id]
+        self._drop_request(req.request_id)
         self._failed.append(OutputProcessor.request_output(req))
+
+    def _drop_request(self, request_id: str) -> Optional[Request]:
+        """Forgets a request that left the engine; returns it (None: unknown)."""
+        self.sparse.forget(request_id)
+        return self.requests.pop(request_id, None)
 
     def take_failed_outputs(self) -> List[RequestOutput]:
         """The outputs of requests failed since the last call."""
@@ -262,7 +268,7 @@ class Scheduler:
         req = self.requests.get(request_id)
         if req is None or req.beam is None or not req.beam.done:
             return None
-        del self.requests[request_id]
+        self._drop_request(request_id)
         if req.error is not None:
             raise RuntimeError(f"beam search request {request_id}: {req.error}")
         try:
@@ -358,13 +364,13 @@ class Scheduler:
         return self._pack(step)
 
     def _schedule_running(self, budget: int, step: _Step) -> int:
-        todo = [s for s in self.running if s.num_tokens > s.num_computed_tokens]
+        todo = [s for s in self.running if len(s.token_ids) > s.num_computed_tokens]
         if not todo:
             return budget
         self._stop_caching_sparse(todo)
         # Fast path: every running sequence decodes one token and the pool has room (a last
         # prompt token of an image prompt takes the slow path: cache ids, encoder budget).
-        if all(s.num_tokens - s.num_computed_tokens == 1 and not (
+        if all(len(s.token_ids) - s.num_computed_tokens == 1 and not (
                 s.request.images and s.num_computed_tokens < s.num_prompt_tokens)
                for s in todo) and len(todo) <= budget:
             n = len(todo)
@@ -597,8 +603,8 @@ class Scheduler:
         they hold: the blocks they fill from now on stay out of the prefix cache (before the
         append that may fill one), so a later dense request, or one with other sparse settings,
         never reuses K/V that sparse attention computed."""
-        if self.sparse.default is None and not any(
-                getattr(s.request.params, "sparse_attention", None) is not None for s in todo):
+        if not self.sparse.maybe_sparse or (self.sparse.default is None and not any(
+                getattr(s.request.params, "sparse_attention", None) is not None for s in todo)):
             return
         for s in todo:
             if (s.num_tokens - s.num_computed_tokens == 1
@@ -761,14 +767,15 @@ class Scheduler:
         targets: List[SampleTarget] = []
         beam_rows: List[Tuple[int, Sequence]] = []
         spans: List[Tuple[int, int, int]] = []
+        cu_list = cu.tolist()
         for i, e in enumerate(entries):
             seq, req = e.seq, e.seq.request
             if req.prompt_logprobs is not None and e.start < seq.num_prompt_tokens - 1:
-                spans.append((i, int(cu[i]), int(cu[i + 1])))
-            if e.context_len != seq.num_tokens:
+                spans.append((i, cu_list[i], cu_list[i + 1]))
+            if e.start + e.num_new_tokens != len(seq.token_ids):
                 continue  # a prompt chunk short of the end: nothing to sample yet
             row = len(sample_rows)
-            sample_rows.append(int(cu[i + 1]) - 1)
+            sample_rows.append(cu_list[i + 1] - 1)
             if req.beam is not None:
                 beam_rows.append((row, seq))
                 continue
@@ -856,11 +863,12 @@ class Scheduler:
             beam_search.store_candidates(seq, logits[row], seq.request.beam.params)
             touched[seq.request.request_id] = seq.request
         now = time.monotonic()
+        apply, finished_status = self.processor.apply, SequenceStatus.FINISHED
         for t, r in zip(out.sample_targets, results):
             seq = t.seq
-            if seq.is_finished:  # failed this step (a numeric check): no token is generated
+            if seq.status is finished_status:  # failed this step (a numeric check): no token
                 continue
-            reason = self.processor.apply(seq, r, now)
+            reason = apply(seq, r, now)
             self.num_generation_tokens += 1
             if reason is not None:
                 self._finish(seq, reason)
@@ -876,7 +884,7 @@ class Scheduler:
                 continue
             finished = req.finished
             if finished:
-                self.requests.pop(req.request_id, None)
+                self._drop_request(req.request_id)
             if finished or self.stream_outputs:
                 outputs.append(OutputProcessor.request_output(req))
         return outputs

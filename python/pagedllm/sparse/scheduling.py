@@ -33,6 +33,9 @@ class SparseScheduling:
         self.blocks_held_total = 0
         self.blocks_dropped_total = 0  # > 0 once any table has a dropped (-1) block
         self.force_plan = False  # plan (and run the sparse kernels) even when all blocks are read
+        # live requests with a config of their own (the scheduler tracks / forgets them): with
+        # none and no default, every step is dense and nothing is asked per sequence
+        self._own: set = set()
 
     def config_for(self, params: Any) -> Optional[SparseAttentionConfig]:
         """A request's config: its SamplingParams.sparse_attention, else the engine default;
@@ -42,9 +45,25 @@ class SparseScheduling:
         own = getattr(params, "sparse_attention", None)
         return own if own is not None else self.default
 
+    def track(self, request_id: str, params: Any) -> None:
+        """Notes a new request (its own config, if it has one, makes steps ask per row)."""
+        if getattr(params, "sparse_attention", None) is not None:
+            self._own.add(request_id)
+
+    def forget(self, request_id: str) -> None:
+        """Notes that a request left the engine."""
+        self._own.discard(request_id)
+
+    @property
+    def maybe_sparse(self) -> bool:
+        """False when no step can attend sparsely: no default, no live request's own config."""
+        return self.default is not None or bool(self._own)
+
     def any_sparse(self, params: Sequence[Any]) -> bool:
         """Whether any of these decode rows' requests (None: a prompt row) may attend
         sparsely: an engine default, or a request's own config."""
+        if not self._own and self.default is None:
+            return False
         if self.default is not None:
             return any(p is not None for p in params)
         return any(getattr(p, "sparse_attention", None) is not None for p in params)
