@@ -86,15 +86,17 @@ class OutputProcessor:
 
     # --- outputs ------------------------------------------------------------------------------
     @staticmethod
-    def request_output(req: Request) -> RequestOutput:
-        """The request's current state as vLLM's RequestOutput.
+    def request_output(req: Request, finished: Optional[bool] = None) -> RequestOutput:
+        """The request's current state as vLLM's RequestOutput (`finished`: req.finished, when
+        the caller has it).
 
         With best_of > n, the n completions of highest cumulative logprob are returned once the
         request has finished (all best_of samples while it runs). The prompt_token_ids list is
         one copy shared by the request's outputs (a stream of long prompts copied it per step).
         """
         seqs = list(req.seqs)
-        finished = req.finished
+        if finished is None:
+            finished = req.finished
         params = req.params
         if finished and params.best_of > params.n:
             seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)[: params.n]

@@ -168,7 +168,8 @@ class Sampler:
             if t.row != i:
                 return False
             if p is req.params:  # the request's flag, set once (Request.plain_greedy)
-                if not req.plain_greedy or (t.seq.num_output_tokens < p.min_tokens
+                if not req.plain_greedy or (p.min_tokens
+                                            and t.seq.num_output_tokens < p.min_tokens
                                             and self._banned(t, vocab)):
                     return False
             elif p.logprobs is not None or p.best_of > p.n or not self._plain_greedy(t, vocab):

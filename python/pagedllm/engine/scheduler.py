@@ -886,7 +886,7 @@ class Scheduler:
             if finished:
                 self._drop_request(req.request_id)
             if finished or self.stream_outputs:
-                outputs.append(OutputProcessor.request_output(req))
+                outputs.append(OutputProcessor.request_output(req, finished))
         return outputs
 
     def _free_beam(self, seq: Sequence) -> None:

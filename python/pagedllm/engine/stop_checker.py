@@ -53,8 +53,9 @@ class StopChecker:
         Sets seq.stop_reason and trims seq.output_text when a stop string matched.
         """
         params = seq.request.params
-        token = seq.token_ids[-1]
-        n_out = seq.num_output_tokens
+        token_ids = seq.token_ids
+        token = token_ids[-1]
+        n_out = len(token_ids) - seq.num_prompt_tokens  # seq.num_output_tokens
         if n_out >= params.min_tokens:
             eos = not params.ignore_eos and token in self.eos_token_ids
             if eos or token in params.stop_token_ids:
