@@ -1,5 +1,6 @@
 // Bindings of the fused element-wise kernels (pagedllm/kernels/fused_ops.h): rms_norm,
-// fused_add_rms_norm, silu_and_mul, rotary_embedding. Shapes, dtypes, devices and layouts are
+// fused_add_rms_norm, silu_and_mul, rotary_embedding, argmax_rows and greedy_tokens (sampling),
+// token_rows (a step's embedding and RoPE rows). Shapes, dtypes, devices and layouts are
 // checked here one line at a time, then the GIL is released for the work.
 #include <cstdint>
 #include <utility>

@@ -1,5 +1,6 @@
 // pagedllm/kernels/fused_ops.h — the element-wise ops of a Llama layer, fused (vLLM's CPU ops):
-// residual add + RMSNorm, SiLU-and-mul, RoPE applied in place.
+// residual add + RMSNorm, SiLU-and-mul, RoPE applied in place; and the step's row gathers and
+// reductions around them: the input rows (embedding + RoPE), the greedy argmax.
 //
 // Each op makes one pass over its rows (the norm two, the second from L1) instead of the
 // three to six torch kernels and temporaries of the eager expressions, in float32 or bfloat16.
