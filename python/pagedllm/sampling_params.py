@@ -227,6 +227,14 @@ class SamplingParams:
         """True when sampling reduces to argmax (temperature below 1e-5, or top_k 1)."""
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
+    @property
+    def plain_greedy(self) -> bool:
+        """True when a draw is the argmax of the raw logits (while no token is banned): greedy,
+        no penalty, no logprobs, no best_of ranking."""
+        return (self.greedy and self.repetition_penalty == 1.0 and self.frequency_penalty == 0.0
+                and self.presence_penalty == 0.0 and self.logprobs is None
+                and self.best_of <= self.n)
+
 
 @dataclass
 class BeamSearchParams:

@@ -161,18 +161,15 @@ class Sampler:
         return [b for b in banned if 0 <= b < vocab]
 
     def _all_plain_greedy(self, targets: List[SampleTarget], vocab: int) -> bool:
-        """Whether target i reads row i and is an argmax of it, for every i: no logprobs, no
-        best_of ranking, and _plain_greedy (one loop, the common decode step's test)."""
+        """Whether target i reads row i and is the argmax of it, for every i: its params
+        plain_greedy (the request's copy, read once) and no token banned yet (one loop, the
+        common decode step's test)."""
         for i, t in enumerate(targets):
             p, req = t.params, t.seq.request
             if t.row != i:
                 return False
-            if p is req.params:  # the request's flag, set once (Request.plain_greedy)
-                if not req.plain_greedy or (p.min_tokens
-                                            and t.seq.num_output_tokens < p.min_tokens
-                                            and self._banned(t, vocab)):
-                    return False
-            elif p.logprobs is not None or p.best_of > p.n or not self._plain_greedy(t, vocab):
+            plain = req.plain_greedy if p is req.params else p.plain_greedy  # the former set once
+            if not plain or (p.min_tokens and self._banned(t, vocab)):
                 return False
         return True
 

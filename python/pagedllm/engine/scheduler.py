@@ -603,8 +603,8 @@ class Scheduler:
         they hold: the blocks they fill from now on stay out of the prefix cache (before the
         append that may fill one), so a later dense request, or one with other sparse settings,
         never reuses K/V that sparse attention computed."""
-        if not self.sparse.maybe_sparse or (self.sparse.default is None and not any(
-                getattr(s.request.params, "sparse_attention", None) is not None for s in todo)):
+        if not self.sparse.maybe_sparse or not self.sparse.any_sparse(
+                [s.request.params for s in todo]):
             return
         for s in todo:
             if (s.num_tokens - s.num_computed_tokens == 1
@@ -733,12 +733,12 @@ class Scheduler:
             seq_ids, starts, toks = step.decode
         else:
             starts = np.fromiter((e.start for e in entries), dtype=np.int64, count=num_seqs)
-            if step.decode is not None:  # one slot array for the fast path's entries: split
-                slots = [slots[0][i:i + 1] for i in range(len(step.decode[0]))] + slots[1:]
         if num_decode == num_seqs:  # decode rows only (the common step): nothing to reorder
             q_lens = np.ones(num_seqs, dtype=np.int32)
             cu = np.arange(num_seqs + 1, dtype=np.int32)
         else:
+            if step.decode is not None:  # the fast path's one slot array, per entry
+                slots = [slots[0][i:i + 1] for i in range(len(step.decode[0]))] + slots[1:]
             order = sorted(range(num_seqs), key=lambda i: entries[i].num_new_tokens != 1)
             entries = [entries[i] for i in order]
             slots = [slots[i] for i in order]

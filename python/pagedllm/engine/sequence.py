@@ -156,11 +156,7 @@ class Request:
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
-        # a draw is the argmax of the raw logits (the sampler's fast path) while no token is
-        # banned: greedy, no penalty, no logprobs, no best_of ranking
-        self.plain_greedy = (params.greedy and params.repetition_penalty == 1.0
-                             and params.frequency_penalty == 0.0 and params.presence_penalty == 0.0
-                             and params.logprobs is None and params.best_of <= params.n)
+        self.plain_greedy = params.plain_greedy  # read once: the sampler's fast path
         self.extra_key = extra_key
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.arrival_seq = next(_arrivals)

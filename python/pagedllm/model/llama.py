@@ -273,7 +273,6 @@ class LlamaForCausalLM(nn.Module):
         # after the weights are packed; False: not built yet, None: not used (it cannot serve
         # this model, or PAGEDLLM_DECODER_STACK=0 when the model was made or packed).
         self._stack: Optional[DecoderStack] | bool = False if decoder_stack_enabled() else None
-        self._rope_rows = 1  # RoPE table rows the last step needed (_token_rows)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -423,14 +422,14 @@ class LlamaForCausalLM(nn.Module):
         x = table.new_empty((n, self.config.hidden_size))
         cos = table.new_empty((n, 1, self.config.head_dim))
         sin = table.new_empty((n, 1, self.config.head_dim))
-        rows = self._rope_rows
+        rows = 1  # the tables as they are (they keep the rows they grew to)
         while True:
             cos_t, sin_t = self.rotary.table_rows(rows, self.dtype)
             need = ops._core.token_rows(x, cos, sin, ids, pos, table, self.config.vocab_size,
                                         emb.packed is not None, cos_t, sin_t)
             if not need:
                 return x, cos, sin
-            rows = self._rope_rows = need  # a position past the tables: grow them, again
+            rows = need  # a position past the tables: grow them, gather again
 
     @inference
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

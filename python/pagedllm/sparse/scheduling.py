@@ -62,7 +62,7 @@ class SparseScheduling:
     def any_sparse(self, params: Sequence[Any]) -> bool:
         """Whether any of these decode rows' requests (None: a prompt row) may attend
         sparsely: an engine default, or a request's own config."""
-        if not self._own and self.default is None:
+        if not self.maybe_sparse:
             return False
         if self.default is not None:
             return any(p is not None for p in params)
@@ -166,12 +166,10 @@ class SparseScheduling:
             configs = [self.config_for(p) for p in params]
             if any(c is not None and c.enabled for c in configs):
                 plan = plan_step(configs, context_lens, self.block_size, self.force_plan)
+        used = (context_lens.astype(np.int64) + (self.block_size - 1)) // self.block_size
         if self.blocks_dropped_total == 0:  # no table has a dropped block: each holds `used`
-            bs = self.block_size
-            held = (sum((n + bs - 1) // bs for n in context_lens.tolist()) if len(params) < 32
-                    else int(((context_lens.astype(np.int64) + bs - 1) // bs).sum()))
+            held = int(used.sum())
         else:
-            used = -(-context_lens.astype(np.int64) // self.block_size)
             cols = np.arange(tables.shape[1] if tables.ndim == 2 else 0)
             held = int(((tables >= 0) & (cols[None, :] < used[:, None])).sum()) if len(used) else 0
         read = plan.blocks_read if plan is not None else held
